@@ -1,0 +1,34 @@
+r"""Trains a DLRM on R replicas and evaluates it: the framework's main binary.
+
+  python -m experiments.train --workdir=/tmp/run [--config=experiments/configs/default.py] \
+      [--config.num_replicas=8 --config.sync.algorithm=sync_sgd ...]
+
+Rerunning with the same --workdir resumes from its newest checkpoint. Results: WORKDIR/summary.json,
+WORKDIR/metrics.jsonl and TensorBoard events (`tensorboard --logdir=WORKDIR`).
+"""
+
+import json
+
+from absl import app
+from absl import flags
+import jax
+from ml_collections import config_flags
+
+flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and summary.json.', required=True)
+flags.DEFINE_integer('cpu_devices', 8, 'Virtual devices to create when running on CPU (each hosts one replica).')
+config_flags.DEFINE_config_file('config', 'experiments/configs/default.py', 'Experiment config file.',
+                                lock_config=True)
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
+  from shadowsync_jax import train  # pylint: disable=g-import-not-at-top  (after the device count is set)
+  summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  print(json.dumps({k: v for k, v in summary.items() if k != 'config'}, indent=2))
+
+
+if __name__ == '__main__':
+  app.run(main)

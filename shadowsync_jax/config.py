@@ -1,0 +1,188 @@
+"""The configuration schema: every key a run accepts, its default, and the checks that run before anything compiles.
+
+  config = config_lib.base_config()          # every key, with defaults
+  config.num_replicas = 8                    # experiments/configs/*.py override it
+  config_lib.validate(config, num_devices=len(jax.devices()))   # ConfigError naming the key, or None
+
+Experiment configs (`experiments/configs/*.py`) start from `base_config()` and change values, so every config has
+every key (DESIGN §9) and a typo in a config file or a `--config.KEY=VALUE` override is caught here, by name.
+"""
+
+from typing import Any
+
+import ml_collections
+
+NUM_SPARSE_FEATURES = 26
+
+SYNC_ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf', 'gba')
+IMPLEMENTED_SYNC_ALGORITHMS = ('none', 'sync_sgd')
+MLP_OPTIMIZERS = ('sgd', 'adagrad', 'adam')
+EMBEDDING_OPTIMIZERS = ('sgd', 'rowwise_adagrad')
+DATA_SOURCES = ('synthetic', 'criteo')
+
+
+class ConfigError(ValueError):
+  """An invalid configuration; the message names the offending key."""
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """All keys with their defaults: a small synthetic problem that trains on one CPU replica in about a minute."""
+  config = ml_collections.ConfigDict()
+  config.seed = 0  # Seeds the synthetic teacher and stream, the model init and everything random.
+  config.num_replicas = 1  # R: trainers, one per device, each reading a disjoint 1/R of the stream.
+  config.batch_size = 256  # Examples per replica per step.
+
+  config.data = ml_collections.ConfigDict()
+  config.data.source = 'synthetic'  # 'synthetic' (the embedded teacher stream) or 'criteo' (Kaggle/Terabyte TSV).
+  config.data.train_path = ''  # criteo: the TSV the training stream is read from, in order.
+  config.data.eval_path = ''  # criteo: held-out TSV; empty = the rows that follow the training stream.
+  config.data.num_train_examples = 2_000_000  # N: length of the one-pass training stream, shared by all replicas.
+  config.data.num_eval_examples = 200_000  # Held-out examples that follow the training stream.
+  config.data.cardinalities = (1000,) * NUM_SPARSE_FEATURES  # Rows of each of the 26 tables (criteo: hash buckets).
+  config.data.zipf_exponent = 1.05  # synthetic: skew of the categorical ids.
+  config.data.drift = 0.0  # synthetic: how fast the teacher drifts along the stream (0 = stationary).
+
+  config.model = ml_collections.ConfigDict()
+  config.model.embedding_dim = 16  # D: width of every embedding row; the bottom MLP ends at D.
+  config.model.bottom_mlp = (64, 16)  # Hidden widths of the bottom MLP over the 13 dense features.
+  config.model.top_mlp = (128, 64, 1)  # Widths of the top MLP over [bottom output, pairwise dots].
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.mlp = 'adagrad'  # optax optimizer of the MLP weights: 'sgd', 'adagrad' or 'adam'.
+  config.optimizer.mlp_learning_rate = 0.05
+  config.optimizer.embedding = 'rowwise_adagrad'  # Sparse optimizer of the tables: 'sgd' or 'rowwise_adagrad'.
+  config.optimizer.embedding_learning_rate = 0.05
+
+  config.sync = ml_collections.ConfigDict()
+  config.sync.algorithm = 'none'  # One of SYNC_ALGORITHMS (DESIGN §3).
+  config.sync.every_k_steps = 10  # Foreground algorithms: steps between blocking rounds.
+  config.sync.min_interval_s = 0.0  # Shadow algorithms: least seconds between background rounds.
+  config.sync.elastic_alpha = 0.1  # ea: moving rate alpha; stable for alpha * R < 1.
+  config.sync.block_momentum = -1.0  # bmuf: eta; negative = the default 1 - 1/R.
+  config.sync.block_lr = 1.0  # bmuf: zeta, the block learning rate.
+
+  config.train = ml_collections.ConfigDict()
+  config.train.log_every_steps = 100  # Steps between scalar writes (loss, examples/sec) to the metric stream.
+  config.train.progress_every_s = 5.0  # Seconds between progress lines on stdout.
+  config.train.checkpoint_every_steps = 500  # Steps between async orbax saves; 0 = only at the end.
+  config.train.stop_at_step = 0  # Save and end this process when the stream reaches this step (0 = run to the
+  #                                end); rerunning with the same workdir resumes there. For time-sliced jobs, tests.
+  config.train.eval_batch_size = 8192  # Examples per forward pass in evaluation.
+  return config
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
+  """Raises ConfigError naming the first bad key; returns quietly when the config is runnable."""
+  _check_known_keys(config)
+  _check_data(config)
+  _check_model(config)
+  _check_optimizer(config)
+  _check_sync(config)
+  _check_train(config)
+  if not 1 <= config.num_replicas <= num_devices:
+    raise ConfigError(f'num_replicas={config.num_replicas} must be between 1 and the device count ({num_devices}); '
+                      'on CPU, more devices come from --cpu_devices (jax_num_cpu_devices).')
+  if config.batch_size <= 0:
+    raise ConfigError(f'batch_size={config.batch_size} must be positive.')
+  global_batch = config.num_replicas * config.batch_size
+  if config.data.num_train_examples < global_batch:
+    raise ConfigError(f'data.num_train_examples={config.data.num_train_examples} is less than one global batch '
+                      f'(num_replicas * batch_size = {global_batch}).')
+
+
+def _flat_keys(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, Any]:
+  flat = {}
+  for key, value in config.items():
+    name = f'{prefix}{key}'
+    if isinstance(value, ml_collections.ConfigDict):
+      flat.update(_flat_keys(value, name + '.'))
+    else:
+      flat[name] = value
+  return flat
+
+
+def _check_known_keys(config: ml_collections.ConfigDict) -> None:
+  known, given = _flat_keys(base_config()), _flat_keys(config)
+  for key in given:
+    if key not in known:
+      raise ConfigError(f'unknown config key {key!r}; known keys: {", ".join(sorted(known))}.')
+  for key in known:
+    if key not in given:
+      raise ConfigError(f'config key {key!r} is missing; start configs from config.base_config().')
+
+
+def _check_positive(config: ml_collections.ConfigDict, *keys: str) -> None:
+  for key in keys:
+    value = _get(config, key)
+    if not value > 0:
+      raise ConfigError(f'{key}={value} must be positive.')
+
+
+def _get(config: ml_collections.ConfigDict, dotted_key: str) -> Any:
+  value = config
+  for part in dotted_key.split('.'):
+    value = value[part]
+  return value
+
+
+def _check_choice(config: ml_collections.ConfigDict, key: str, choices: tuple[str, ...]) -> None:
+  value = _get(config, key)
+  if value not in choices:
+    raise ConfigError(f'{key}={value!r} is not one of {", ".join(choices)}.')
+
+
+def _check_data(config: ml_collections.ConfigDict) -> None:
+  data = config.data
+  _check_choice(config, 'data.source', DATA_SOURCES)
+  _check_positive(config, 'data.num_train_examples', 'data.num_eval_examples')
+  if data.source == 'criteo' and not data.train_path:
+    raise ConfigError("data.train_path must name a Criteo TSV file when data.source='criteo'.")
+  cardinalities = list(data.cardinalities)
+  if len(cardinalities) != NUM_SPARSE_FEATURES or any(int(c) < 1 for c in cardinalities):
+    raise ConfigError(f'data.cardinalities must be {NUM_SPARSE_FEATURES} positive table sizes, got {cardinalities}.')
+  if data.zipf_exponent < 0:
+    raise ConfigError(f'data.zipf_exponent={data.zipf_exponent} must be >= 0.')
+  if data.drift < 0:
+    raise ConfigError(f'data.drift={data.drift} must be >= 0.')
+
+
+def _check_model(config: ml_collections.ConfigDict) -> None:
+  model = config.model
+  _check_positive(config, 'model.embedding_dim')
+  bottom, top = list(model.bottom_mlp), list(model.top_mlp)
+  if not bottom or any(w < 1 for w in bottom) or bottom[-1] != model.embedding_dim:
+    raise ConfigError(f'model.bottom_mlp={bottom} must be positive widths ending at model.embedding_dim '
+                      f'({model.embedding_dim}): the dot interaction pairs it with the embeddings.')
+  if not top or any(w < 1 for w in top) or top[-1] != 1:
+    raise ConfigError(f'model.top_mlp={top} must be positive widths ending at 1 (the logit).')
+
+
+def _check_optimizer(config: ml_collections.ConfigDict) -> None:
+  _check_choice(config, 'optimizer.mlp', MLP_OPTIMIZERS)
+  _check_choice(config, 'optimizer.embedding', EMBEDDING_OPTIMIZERS)
+  _check_positive(config, 'optimizer.mlp_learning_rate', 'optimizer.embedding_learning_rate')
+
+
+def _check_sync(config: ml_collections.ConfigDict) -> None:
+  sync = config.sync
+  _check_choice(config, 'sync.algorithm', SYNC_ALGORITHMS)
+  if sync.algorithm not in IMPLEMENTED_SYNC_ALGORITHMS:
+    raise ConfigError(f'sync.algorithm={sync.algorithm!r} is a known algorithm but not implemented yet; '
+                      f'implemented: {", ".join(IMPLEMENTED_SYNC_ALGORITHMS)}.')
+  _check_positive(config, 'sync.every_k_steps', 'sync.block_lr')
+  if sync.min_interval_s < 0:
+    raise ConfigError(f'sync.min_interval_s={sync.min_interval_s} must be >= 0.')
+  if not 0 < sync.elastic_alpha < 1:
+    raise ConfigError(f'sync.elastic_alpha={sync.elastic_alpha} must be in (0, 1).')
+  if sync.algorithm.endswith('_ea') and sync.elastic_alpha * config.num_replicas >= 1:
+    raise ConfigError(f'sync.elastic_alpha * num_replicas = {sync.elastic_alpha * config.num_replicas} must be < 1 '
+                      'for elastic averaging to be stable.')
+  if sync.block_momentum >= 1:
+    raise ConfigError(f'sync.block_momentum={sync.block_momentum} must be < 1 (negative = 1 - 1/R).')
+
+
+def _check_train(config: ml_collections.ConfigDict) -> None:
+  _check_positive(config, 'train.log_every_steps', 'train.progress_every_s', 'train.eval_batch_size')
+  for key in ('train.checkpoint_every_steps', 'train.stop_at_step'):
+    if _get(config, key) < 0:
+      raise ConfigError(f'{key}={_get(config, key)} must be >= 0.')

@@ -1,0 +1,43 @@
+"""Evaluation of the consensus model on the held-out set, beside the Bayes NE floor of synthetic data.
+
+  results = evaluation.evaluate_consensus(config, state_R.params, eval_source)
+  results['ne'], results['auc'], results['logloss'], results['calibration'], results['bayes_ne']
+
+The consensus model is the replica mean (or the single model of sync SGD, DESIGN §3). `bayes_ne` is the NE of
+the teacher's true click probabilities on the same examples (synthetic data), None for real data.
+"""
+
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from shadowsync_jax import input_pipeline
+from shadowsync_jax import metrics
+from shadowsync_jax import model as model_lib
+from shadowsync_jax import replicas
+from shadowsync_jax import step as step_lib
+
+
+def predict(config: ml_collections.ConfigDict, params: Any, dense_NxF: np.ndarray,
+            sparse_NxT: np.ndarray) -> np.ndarray:
+  """Click probabilities of one model for N examples, in chunks of `config.train.eval_batch_size`."""
+  model = model_lib.DLRM(bottom_mlp=tuple(config.model.bottom_mlp), top_mlp=tuple(config.model.top_mlp))
+  predict_fn = jax.jit(step_lib.make_predict_fn(model, list(config.data.cardinalities)))
+  chunk = config.train.eval_batch_size
+  outputs = [np.asarray(predict_fn(params, dense_NxF[i:i + chunk], sparse_NxT[i:i + chunk]))
+             for i in range(0, len(dense_NxF), chunk)]
+  return np.concatenate(outputs)
+
+
+def evaluate_consensus(config: ml_collections.ConfigDict, params_R: Any, eval_source: Any) -> dict[str, Any]:
+  """NE, AUC, log loss and calibration of the consensus model, and the Bayes floor where it is known."""
+  eval_batch = input_pipeline.eval_batch(eval_source, config.data.num_eval_examples)
+  params = replicas.consensus(params_R, config.sync.algorithm)
+  probabilities = predict(config, params, eval_batch.dense, eval_batch.sparse)
+  results = metrics.evaluate(eval_batch.label, probabilities)
+  true_probabilities = input_pipeline.eval_true_probability(eval_source, config.data.num_eval_examples)
+  results['bayes_ne'] = (None if true_probabilities is None
+                         else metrics.normalized_entropy(eval_batch.label, true_probabilities))
+  return results

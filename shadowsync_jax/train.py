@@ -1,0 +1,175 @@
+"""One training run end to end: R replicas over a one-pass stream, checkpoints, metrics, a final evaluation.
+
+  from shadowsync_jax import config as config_lib, train
+  config = config_lib.base_config()
+  summary = train.train_and_evaluate(config, workdir='/tmp/run')
+  print(summary['eval_ne'], summary['bayes_ne'])
+
+`train_and_evaluate` validates the config before anything compiles, resumes from the newest checkpoint in
+`workdir/checkpoints` if there is one, streams scalars to `workdir` (TensorBoard events and `metrics.jsonl`),
+prints a progress line, and writes `workdir/summary.json` (DESIGN §9) when the stream is done.
+"""
+
+import json
+import pathlib
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+
+from shadowsync_jax import checkpointing
+from shadowsync_jax import config as config_lib
+from shadowsync_jax import embedding
+from shadowsync_jax import evaluation
+from shadowsync_jax import input_pipeline
+from shadowsync_jax import metric_writer
+from shadowsync_jax import model as model_lib
+from shadowsync_jax import progress
+from shadowsync_jax import replicas
+from shadowsync_jax import step as step_lib
+
+
+def make_model(config: ml_collections.ConfigDict) -> model_lib.DLRM:
+  return model_lib.DLRM(bottom_mlp=tuple(config.model.bottom_mlp), top_mlp=tuple(config.model.top_mlp))
+
+
+def make_optimizers(config: ml_collections.ConfigDict):
+  """(optax optimizer of the MLP weights, sparse optimizer of the embedding tables) from `config.optimizer`."""
+  opt = config.optimizer
+  mlp = {'sgd': optax.sgd, 'adagrad': optax.adagrad, 'adam': optax.adam}[opt.mlp](opt.mlp_learning_rate)
+  tables = {'sgd': embedding.sparse_sgd, 'rowwise_adagrad': embedding.rowwise_adagrad}[opt.embedding](
+      opt.embedding_learning_rate)
+  return mlp, tables
+
+
+def init_replicated_state(config: ml_collections.ConfigDict, mesh) -> step_lib.TrainState:
+  """R replicas of one freshly initialized train state (all replicas start from the same model)."""
+  mlp_optimizer, embedding_optimizer = make_optimizers(config)
+  state = step_lib.init_train_state(
+      jax.random.key(config.seed), make_model(config), list(config.data.cardinalities), config.model.embedding_dim,
+      mlp_optimizer, embedding_optimizer)
+  return replicas.replicate(state, mesh)
+
+
+def make_train_step(config: ml_collections.ConfigDict, mesh):
+  """The jitted step over all replicas; sync SGD averages gradients across them every step."""
+  mlp_optimizer, embedding_optimizer = make_optimizers(config)
+  grad_axis = replicas.REPLICA_AXIS if config.sync.algorithm == 'sync_sgd' else None
+  step_fn = step_lib.make_train_step(make_model(config), list(config.data.cardinalities), mlp_optimizer,
+                                     embedding_optimizer, grad_axis_name=grad_axis)
+  return replicas.make_replicated_step(step_fn, mesh)
+
+
+class _LossWindow:
+  """Mean train loss and examples/sec between two metric writes, from losses already read back to the host."""
+
+  def __init__(self):
+    self.reset(time.perf_counter())
+
+  def reset(self, now: float) -> None:
+    self.loss_sum, self.steps, self.start = 0.0, 0, now
+
+  def add(self, loss: float) -> None:
+    self.loss_sum += loss
+    self.steps += 1
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
+  """Trains `config` in `workdir` (resuming if it holds a checkpoint); returns the summary, None-free keys aside.
+
+  When `config.train.stop_at_step` stops the run early, returns {'stopped_at_step': step} and writes no summary.
+  """
+  wall_start = time.perf_counter()
+  config_lib.validate(config, num_devices=len(jax.devices()))
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  num_replicas, batch_size = config.num_replicas, config.batch_size
+  examples_per_step = num_replicas * batch_size
+  total_steps = config.data.num_train_examples // examples_per_step
+  stop_step = min(config.train.stop_at_step or total_steps, total_steps)
+
+  mesh = replicas.make_mesh(num_replicas)
+  state = init_replicated_state(config, mesh)
+  checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints', config.train.checkpoint_every_steps)
+  restored = checkpointer.restore_latest(checkpointing.abstract_like(state))
+  start_step = 0
+  if restored is not None:
+    state, start_step = restored
+    print(f'Resumed from the checkpoint at step {start_step} of {total_steps} in {workdir}.')
+  train_step = make_train_step(config, mesh)
+  train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
+  batches = input_pipeline.train_batches(train_source, num_replicas, batch_size, config.data.num_train_examples,
+                                         start_step=start_step)
+  writer = metric_writer.MetricWriter(workdir, enabled=jax.process_index() == 0)
+  progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
+
+  step, window = start_step, _LossWindow()
+  timed_start, timed_steps, pending_loss = None, 0, None
+  for batch in batches:
+    if step >= stop_step:
+      break
+    state, metrics = train_step(state, replicas.shard(batch, mesh))
+    step += 1
+    if pending_loss is not None:  # Step N-1's loss: reading it keeps the dispatch queue one step deep.
+      window.add(float(np.mean(pending_loss)))
+    pending_loss = metrics['loss']
+    if timed_start is None:  # The first step compiles: examples/sec counts from its end.
+      jax.block_until_ready(pending_loss)
+      timed_start = time.perf_counter()
+      window.reset(timed_start)
+    else:
+      timed_steps += 1
+    progress_line.update(step)
+    if step % config.train.log_every_steps == 0 and window.steps:
+      now = time.perf_counter()
+      writer.write_scalars(step, {'train_loss': window.loss_sum / window.steps,
+                                  'examples_per_sec': window.steps * examples_per_step / (now - window.start)})
+      window.reset(now)
+    checkpointer.maybe_save(step, state)
+  jax.block_until_ready(state)
+  timed_seconds = time.perf_counter() - timed_start if timed_start is not None else 0.0
+  checkpointer.maybe_save(step, state, force=True)
+  checkpointer.close()
+  progress_line.finish()
+
+  if step < total_steps:
+    writer.close()
+    print(f'Stopped at step {step} of {total_steps}; rerun with the same workdir to resume.')
+    return {'stopped_at_step': step}
+
+  eval_metrics = evaluation.evaluate_consensus(config, state.params, eval_source)
+  examples_per_sec = timed_steps * examples_per_step / timed_seconds if timed_seconds > 0 else None
+  summary = {
+      'eval_ne': eval_metrics['ne'],
+      'eval_auc': eval_metrics['auc'],
+      'eval_logloss': eval_metrics['logloss'],
+      'eval_calibration': eval_metrics['calibration'],
+      'bayes_ne': eval_metrics['bayes_ne'],
+      'examples_per_sec': examples_per_sec,
+      'train_examples': step * examples_per_step,
+      'train_steps': step,
+      'resumed_from_step': start_step,
+      'num_replicas': num_replicas,
+      'num_processes': jax.process_count(),
+      'sync_algorithm': config.sync.algorithm,
+      # sync_sgd all-reduces gradients every step; `none` never synchronizes.
+      'sync_rounds': step if config.sync.algorithm == 'sync_sgd' else 0,
+      'mean_sync_gap': 1.0 if config.sync.algorithm == 'sync_sgd' else None,
+      'wall_time_s': time.perf_counter() - wall_start,
+      'config': config.to_dict(),
+  }
+  writer.write_scalars(step, {f'eval_{k}': v for k, v in eval_metrics.items() if v is not None})
+  writer.close()
+  (workdir / 'summary.json').write_text(json.dumps(summary, indent=2, default=_jsonable) + '\n')
+  return summary
+
+
+def _jsonable(value: Any) -> Any:
+  if isinstance(value, (np.generic,)):
+    return value.item()
+  if isinstance(value, tuple):
+    return list(value)
+  raise TypeError(f'not JSON serializable: {type(value)}')

@@ -1,0 +1,63 @@
+"""Invalid configurations fail before anything compiles, with a message naming the key."""
+
+import pytest
+
+from experiments.configs import default
+from shadowsync_jax import config as config_lib
+
+
+def _config(**overrides):
+  config = default.get_config('tiny')
+  for dotted, value in overrides.items():
+    parent = config
+    *path, leaf = dotted.split('__')
+    for part in path:
+      parent = parent[part]
+    parent[leaf] = value
+  return config
+
+
+def test_default_and_tiny_configs_are_valid():
+  config_lib.validate(default.get_config(), num_devices=1)
+  config_lib.validate(default.get_config('tiny'), num_devices=8)
+
+
+@pytest.mark.parametrize('overrides, key', [
+    ({'num_replicas': 9}, 'num_replicas'),
+    ({'num_replicas': 0}, 'num_replicas'),
+    ({'optimizer__mlp_learning_rate': -0.1}, 'optimizer.mlp_learning_rate'),
+    ({'optimizer__embedding_learning_rate': 0.0}, 'optimizer.embedding_learning_rate'),
+    ({'sync__algorithm': 'gossip'}, 'sync.algorithm'),
+    ({'sync__algorithm': 'shadow_ma'}, 'sync.algorithm'),
+    ({'data__source': 'parquet'}, 'data.source'),
+    ({'data__source': 'criteo'}, 'data.train_path'),
+    ({'data__cardinalities': (10,) * 25}, 'data.cardinalities'),
+    ({'model__bottom_mlp': (16, 4)}, 'model.bottom_mlp'),
+    ({'model__top_mlp': (16, 2)}, 'model.top_mlp'),
+    ({'batch_size': 0}, 'batch_size'),
+    ({'data__num_train_examples': 100}, 'data.num_train_examples'),
+    ({'sync__block_momentum': 1.0}, 'sync.block_momentum'),
+])
+def test_invalid_value_names_the_key(overrides, key):
+  with pytest.raises(config_lib.ConfigError, match=key.replace('.', r'\.')):
+    config_lib.validate(_config(**overrides), num_devices=8)
+
+
+def test_unknown_key_is_named():
+  config = default.get_config('tiny')
+  with config.unlocked():
+    config.sync.elastic_alhpa = 0.2
+  with pytest.raises(config_lib.ConfigError, match=r'sync\.elastic_alhpa'):
+    config_lib.validate(config, num_devices=8)
+
+
+def test_missing_key_is_named():
+  config = default.get_config('tiny')
+  del config.train['eval_batch_size']
+  with pytest.raises(config_lib.ConfigError, match=r'train\.eval_batch_size'):
+    config_lib.validate(config, num_devices=8)
+
+
+def test_unknown_variant_is_rejected():
+  with pytest.raises(ValueError, match='huge'):
+    default.get_config('huge')
