@@ -98,6 +98,7 @@ def sparse_sgd(learning_rate: float) -> SparseOptimizer:
 
 
 class RowwiseAdagradState(NamedTuple):
+  """The scratch is its own leaf: borrowing the accumulator instead makes XLA copy the whole [V] array."""
   accumulator_V: jax.Array  # float32 [V]: running sum of mean(g**2) of each row
   owner_scratch_V: jax.Array  # float32 [V]: workspace of `sum_duplicate_rows`, meaningless between steps
 

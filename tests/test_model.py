@@ -49,7 +49,7 @@ def test_dot_interaction_gradient_matches_numpy():
   """d/dz of sum_p c_p <z_i, z_j> is sum over pairs of c_p z_j (for z_i) and c_p z_i (for z_j)."""
   bottom_BxD, emb_BxTxD = _random((B, D), 2), _random((B, T, D), 3)
   c_BxP = _random((B, (T + 1) * T // 2), 4)
-  grads = jax.grad(lambda b, e: jnp.sum(c_BxP * model_lib.dot_interaction(b, e)), argnums=(0, 1))(
+  grads = jax.jit(jax.grad(lambda b, e: jnp.sum(c_BxP * model_lib.dot_interaction(b, e)), argnums=(0, 1)))(
       jnp.asarray(bottom_BxD), jnp.asarray(emb_BxTxD))
   z_BxNxD = np.concatenate([bottom_BxD[:, None], emb_BxTxD], axis=1).astype(np.float64)
   want_BxNxD = np.zeros_like(z_BxNxD)
@@ -64,8 +64,8 @@ def test_dot_interaction_gradient_matches_numpy():
 def test_dlrm_forward_matches_numpy():
   model = model_lib.DLRM(bottom_mlp=(8, D), top_mlp=(16, 8, 1))
   dense_BxF, emb_BxTxD = _random((B, 13), 5), _random((B, T, D), 6)
-  params = model.init(jax.random.key(0), dense_BxF, emb_BxTxD)['params']
-  got = np.asarray(model.apply({'params': params}, dense_BxF, emb_BxTxD))
+  params = jax.jit(model.init)(jax.random.key(0), dense_BxF, emb_BxTxD)['params']
+  got = np.asarray(jax.jit(model.apply)({'params': params}, dense_BxF, emb_BxTxD))
   assert got.shape == (B,)
   np.testing.assert_allclose(got, _numpy_dlrm(params, dense_BxF, emb_BxTxD), rtol=1e-4, atol=1e-5)
 
@@ -80,7 +80,7 @@ def test_reference_configuration_shapes():
 
 def test_dlrm_init_follows_dlrm_scales():
   model = model_lib.DLRM(bottom_mlp=(512, 256, 64, 16), top_mlp=(512, 256, 1))
-  params = model.init(jax.random.key(0), jnp.zeros((2, 13)), jnp.zeros((2, 26, 16)))['params']
+  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((2, 13)), jnp.zeros((2, 26, 16)))['params']
   kernel, bias = params['top']['Dense_0']['kernel'], params['top']['Dense_0']['bias']
   np.testing.assert_allclose(np.std(kernel), np.sqrt(2 / (367 + 512)), rtol=0.05)
   np.testing.assert_allclose(np.std(bias), np.sqrt(1 / 512), rtol=0.15)

@@ -120,6 +120,6 @@ def test_predict_is_sigmoid_of_the_model_on_looked_up_rows():
   table = np.asarray(state.params['embedding'])
   offsets = np.cumsum([0] + CARDS[:-1])
   emb_BxTxD = table[batch.sparse + offsets]
-  logits = np.asarray(MODEL.apply({'params': state.params['mlp']}, batch.dense, emb_BxTxD))
-  got = step_lib.make_predict_fn(MODEL, CARDS)(state.params, batch.dense, batch.sparse)
+  logits = np.asarray(jax.jit(MODEL.apply)({'params': state.params['mlp']}, batch.dense, emb_BxTxD))
+  got = jax.jit(step_lib.make_predict_fn(MODEL, CARDS))(state.params, batch.dense, batch.sparse)
   np.testing.assert_allclose(np.asarray(got), 1 / (1 + np.exp(-logits)), rtol=1e-6)
