@@ -11,12 +11,12 @@ a DLRM that does not beat dense-only logistic regression has learned nothing fro
 import numpy as np
 import scipy.optimize
 
+from shadowsync_jax import metrics
 from shadowsync_jax.batch import Batch
 
 
 def constant_predictor_ne(train: Batch, eval: Batch) -> float:  # pylint: disable=redefined-builtin
   """NE on `eval` of predicting the mean training label for every example (1.0 up to base-rate mismatch)."""
-  from shadowsync_jax import metrics  # pylint: disable=g-import-not-at-top
   base_rate = float(np.mean(train.label, dtype=np.float64))
   return metrics.normalized_entropy(eval.label, np.full(eval.label.shape, base_rate))
 
@@ -46,7 +46,6 @@ def fit_logistic_regression(features_NxF: np.ndarray, labels_N: np.ndarray, l2: 
 
 def dense_logistic_regression_ne(train: Batch, eval: Batch) -> float:  # pylint: disable=redefined-builtin
   """NE on `eval` of logistic regression fitted on `train`'s 13 dense features (standardized) plus an intercept."""
-  from shadowsync_jax import metrics  # pylint: disable=g-import-not-at-top
   mean_F = np.mean(train.dense, axis=0, dtype=np.float64)
   std_F = np.maximum(np.std(train.dense, axis=0, dtype=np.float64), 1e-8)
   weights_F, intercept = fit_logistic_regression((train.dense - mean_F) / std_F, train.label)

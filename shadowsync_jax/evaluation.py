@@ -32,7 +32,10 @@ def predict(config: ml_collections.ConfigDict, params: Any, dense_NxF: np.ndarra
 
 
 def evaluate_consensus(config: ml_collections.ConfigDict, params_R: Any, eval_source: Any) -> dict[str, Any]:
-  """NE, AUC, log loss and calibration of the consensus model, and the Bayes floor where it is known."""
+  """NE, AUC, log loss and calibration of the consensus model, and the Bayes floor where it is known.
+
+  With `config.train.eval_per_replica`, also `ne_per_replica`: the NE of every replica's own model.
+  """
   eval_batch = input_pipeline.eval_batch(eval_source, config.data.num_eval_examples)
   params = replicas.consensus(params_R, config.sync.algorithm)
   probabilities = predict(config, params, eval_batch.dense, eval_batch.sparse)
@@ -40,4 +43,9 @@ def evaluate_consensus(config: ml_collections.ConfigDict, params_R: Any, eval_so
   true_probabilities = input_pipeline.eval_true_probability(eval_source, config.data.num_eval_examples)
   results['bayes_ne'] = (None if true_probabilities is None
                          else metrics.normalized_entropy(eval_batch.label, true_probabilities))
+  if config.train.eval_per_replica:
+    results['ne_per_replica'] = [
+        metrics.normalized_entropy(eval_batch.label, predict(config, replica_params, eval_batch.dense,
+                                                             eval_batch.sparse))
+        for replica_params in replicas.unstack(params_R)]
   return results

@@ -26,7 +26,9 @@ def make_mesh(num_replicas: int, devices: list[jax.Device] | None = None) -> Mes
   devices = list(jax.devices() if devices is None else devices)
   if num_replicas > len(devices):
     raise ValueError(f'num_replicas={num_replicas} exceeds the {len(devices)} available devices.')
-  return jax.make_mesh((num_replicas,), (REPLICA_AXIS,), devices=devices[:num_replicas])
+  # Auto axis: shardings are placed by jit, not carried in types, so plain indexing works on replica arrays.
+  return jax.make_mesh((num_replicas,), (REPLICA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=devices[:num_replicas])
 
 
 def replica_sharding(mesh: Mesh) -> NamedSharding:
@@ -64,6 +66,12 @@ def consensus(params_R: PyTree, algorithm: str) -> PyTree:
   if algorithm == 'sync_sgd':
     return jax.tree.map(lambda x: x[0], params_R)
   return jax.jit(lambda p: jax.tree.map(lambda x: jnp.mean(x, axis=0), p))(params_R)
+
+
+def unstack(tree_R: PyTree) -> list[PyTree]:
+  """The R replicas of a stacked tree, one tree each."""
+  num_replicas = jax.tree.leaves(tree_R)[0].shape[0]
+  return [jax.tree.map(lambda x, r=r: x[r], tree_R) for r in range(num_replicas)]
 
 
 def _squeeze(tree: PyTree) -> PyTree:

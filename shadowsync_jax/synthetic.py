@@ -23,6 +23,7 @@ import dataclasses
 
 import numpy as np
 
+from shadowsync_jax import metrics
 from shadowsync_jax.batch import Batch, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 
 _GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -48,8 +49,8 @@ class SyntheticSpec:
   dense_nonlinear_scale: float = 0.5  # Std of the term from a random tanh layer over the dense features.
   dense_hidden_units: int = 8  # Width of that tanh layer.
   first_order_scale: float = 1.0  # Std of sum_t a_t[id_t], the per-id click propensities.
-  pairwise_scale: float = 1.0  # Std of the sum over all table pairs of teacher-embedding dot products.
-  dense_cross_scale: float = 0.3  # Std of (sum_t v_t[id_t]) . C h(dense): dense-categorical interactions.
+  pairwise_scale: float = 0.25  # Std of the sum over all table pairs of teacher-embedding dot products.
+  dense_cross_scale: float = 0.15  # Std of (sum_t v_t[id_t]) . C h(dense): dense-categorical interactions.
   teacher_embedding_dim: int = 4  # Width of the teacher embeddings v_t (a DLRM student is wider).
   shrink_count: float = 10.0  # An id expected n times in `shrink_reference_examples` has its effects scaled by
   shrink_reference_examples: float = 1e6  # n / (n + shrink_count): rare ids matter little, as in real data.
@@ -296,5 +297,4 @@ def _bias_for_mean(logit_N: np.ndarray, mean_ctr: float) -> float:
 
 def bayes_ne(labels: np.ndarray, probabilities: np.ndarray) -> float:
   """NE of the true click probabilities on these labels: the floor no model can beat (in expectation)."""
-  from shadowsync_jax import metrics  # pylint: disable=g-import-not-at-top  (metrics is optional at import time)
   return metrics.normalized_entropy(labels, probabilities)

@@ -148,6 +148,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       'eval_logloss': eval_metrics['logloss'],
       'eval_calibration': eval_metrics['calibration'],
       'bayes_ne': eval_metrics['bayes_ne'],
+      'eval_ne_per_replica': eval_metrics.get('ne_per_replica'),
       'examples_per_sec': examples_per_sec,
       'train_examples': step * examples_per_step,
       'train_steps': step,
@@ -161,7 +162,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       'wall_time_s': time.perf_counter() - wall_start,
       'config': config.to_dict(),
   }
-  writer.write_scalars(step, {f'eval_{k}': v for k, v in eval_metrics.items() if v is not None})
+  writer.write_scalars(step, {f'eval_{k}': v for k, v in eval_metrics.items() if isinstance(v, (int, float))})
   writer.close()
   (workdir / 'summary.json').write_text(json.dumps(summary, indent=2, default=_jsonable) + '\n')
   return summary

@@ -33,7 +33,7 @@ def test_tiny_run_learns_and_writes_the_summary(one_replica_run):
   on_disk = json.loads((workdir / 'summary.json').read_text())
   assert set(SUMMARY_KEYS) <= set(on_disk)
   assert on_disk['eval_ne'] == pytest.approx(summary['eval_ne'])
-  assert summary['train_examples'] == 16_384
+  assert summary['train_examples'] == 65_536
   # The tiny stream is learnable well below the constant predictor (NE 1.0), and never below the Bayes floor.
   assert summary['bayes_ne'] < summary['eval_ne'] < 0.93, summary
   assert summary['eval_auc'] > 0.7, summary
@@ -48,19 +48,25 @@ def test_metrics_stream_is_written(one_replica_run):
   assert list(workdir.glob('events.out.tfevents.*')), 'no TensorBoard event file'
 
 
-def test_eight_replicas_on_eight_devices(tmp_path):
+def test_eight_independent_replicas_on_eight_devices(tmp_path):
   assert len(jax.devices()) == 8
-  summary = train.train_and_evaluate(_tiny(num_replicas=8, batch_size=32), tmp_path)
+  summary = train.train_and_evaluate(_tiny(num_replicas=8, batch_size=32, train__eval_per_replica=True), tmp_path)
   assert summary['num_replicas'] == 8
-  assert summary['train_examples'] == 16_384
-  assert summary['eval_ne'] < 0.97, summary
+  assert summary['train_examples'] == 65_536
+  assert summary['sync_rounds'] == 0 and summary['mean_sync_gap'] is None
+  per_replica = summary['eval_ne_per_replica']
+  # Each replica learns something from its own eighth of the stream, and each eighth is different data.
+  assert len(per_replica) == 8 and sum(per_replica) / 8 < 0.995, per_replica
+  assert len(set(per_replica)) == 8, per_replica
 
 
-def test_sync_sgd_keeps_replicas_identical(tmp_path):
-  config = _tiny(num_replicas=4, batch_size=32, sync__algorithm='sync_sgd')
-  summary = train.train_and_evaluate(config, tmp_path)
-  assert summary['sync_rounds'] == 16_384 // (4 * 32)
-  assert summary['eval_ne'] < 0.97, summary
+def test_sync_sgd_on_eight_replicas_equals_one_replica_on_the_global_batch(one_replica_run, tmp_path):
+  """8 replicas x 16 examples, gradients averaged every step, read the same global batches as 1 x 128."""
+  _, one_replica = one_replica_run
+  summary = train.train_and_evaluate(_tiny(num_replicas=8, batch_size=16, sync__algorithm='sync_sgd'), tmp_path)
+  assert summary['sync_rounds'] == 65_536 // 128
+  assert summary['eval_ne'] == pytest.approx(one_replica['eval_ne'], rel=1e-3)
+  assert summary['eval_auc'] == pytest.approx(one_replica['eval_auc'], rel=1e-3)
 
 
 def test_interrupted_run_resumes_to_the_same_result(tmp_path):

@@ -12,15 +12,17 @@ from shadowsync_jax import config as config_lib
 def get_config(variant: str = ''):
   config = config_lib.base_config()
   if variant == 'tiny':
-    config.data.num_train_examples = 16_384
+    config.data.num_train_examples = 65_536
     config.data.num_eval_examples = 4096
     config.data.cardinalities = (50,) * config_lib.NUM_SPARSE_FEATURES
     config.batch_size = 128
     config.model.bottom_mlp = (16, 8)
     config.model.embedding_dim = 8
     config.model.top_mlp = (16, 1)
-    config.train.log_every_steps = 20
-    config.train.checkpoint_every_steps = 40
+    config.optimizer.mlp_learning_rate = 0.1
+    config.optimizer.embedding_learning_rate = 0.1
+    config.train.log_every_steps = 50
+    config.train.checkpoint_every_steps = 200
   elif variant:
     raise ValueError(f'unknown variant {variant!r} of experiments/configs/default.py; known: tiny')
   return config
