@@ -11,6 +11,7 @@ import json
 
 from absl import app
 from absl import flags
+from absl import logging
 import jax
 from ml_collections import config_flags
 
@@ -24,10 +25,17 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not FLAGS['verbosity'].present:  # orbax logs every save at INFO; keep the console to progress and results.
+    logging.set_verbosity(logging.WARNING)
   jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
   from shadowsync_jax import train  # pylint: disable=g-import-not-at-top  (after the device count is set)
   summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   print(json.dumps({k: v for k, v in summary.items() if k != 'config'}, indent=2))
+  if summary.get('eval_ne') is not None:
+    floor = summary['bayes_ne']
+    vs_floor = f' (Bayes NE floor {floor:.4f}: {100 * (summary["eval_ne"] / floor - 1):+.1f}%)' if floor else ''
+    print(f'eval NE {summary["eval_ne"]:.4f}{vs_floor}  AUC {summary["eval_auc"]:.4f}  '
+          f'{summary["examples_per_sec"]:,.0f} examples/sec  -> {FLAGS.workdir}/summary.json')
 
 
 if __name__ == '__main__':
