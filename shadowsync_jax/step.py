@@ -77,6 +77,9 @@ def make_train_step(model: DLRM, cardinalities: Sequence[int],
       num_replicas = lax.axis_size(grad_axis_name)
       row_ids_N = lax.all_gather(row_ids_N, grad_axis_name, tiled=True)
       row_grads_NxD = lax.all_gather(row_grads_NxD / num_replicas, grad_axis_name, tiled=True)
+    # Every read of the old params (the backward matmuls) happens before the in-place update: without this
+    # ordering XLA copies each donated kernel to keep the old value alive.
+    mlp_params, mlp_grads, row_grads_NxD = lax.optimization_barrier((mlp_params, mlp_grads, row_grads_NxD))
     updates, mlp_opt_state = mlp_optimizer.update(mlp_grads, state.mlp_opt_state, mlp_params)
     mlp_params = optax.apply_updates(mlp_params, updates)
     table_VxD, embedding_opt_state = embedding_optimizer.update(
