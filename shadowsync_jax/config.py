@@ -15,7 +15,9 @@ import ml_collections
 from shadowsync_jax.batch import NUM_SPARSE_FEATURES
 
 SYNC_ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf', 'gba')
-IMPLEMENTED_SYNC_ALGORITHMS = ('none', 'sync_sgd')
+IMPLEMENTED_SYNC_ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf')
+SYNCED_PARAMS = ('dense', 'all')
+EMBEDDING_PLACEMENTS = ('replicated', 'shared')
 MLP_OPTIMIZERS = ('sgd', 'adagrad', 'adam')
 EMBEDDING_OPTIMIZERS = ('sgd', 'rowwise_adagrad')
 DATA_SOURCES = ('synthetic', 'criteo')
@@ -67,6 +69,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.sync.elastic_alpha = 0.1  # ea: moving rate alpha; stable for alpha * R < 1.
   config.sync.block_momentum = -1.0  # bmuf: eta; negative = the default 1 - 1/R.
   config.sync.block_lr = 1.0  # bmuf: zeta, the block learning rate.
+  config.sync.nesterov = False  # bmuf: replicas restart from g + eta D instead of g.
+  config.sync.what = 'all'  # What a round syncs: 'all' (MLP weights and embedding tables) or 'dense' (MLP only).
+  config.sync.embedding_placement = 'replicated'  # 'replicated' (a table per replica) or 'shared' (one table per
+  #                                                 process, updated every step by all local replicas' gradients).
 
   config.train = ml_collections.ConfigDict()
   config.train.log_every_steps = 100  # Steps between scalar writes (loss, examples/sec) to the metric stream.
@@ -174,6 +180,8 @@ def _check_optimizer(config: ml_collections.ConfigDict) -> None:
 def _check_sync(config: ml_collections.ConfigDict) -> None:
   sync = config.sync
   _check_choice(config, 'sync.algorithm', SYNC_ALGORITHMS)
+  _check_choice(config, 'sync.what', SYNCED_PARAMS)
+  _check_choice(config, 'sync.embedding_placement', EMBEDDING_PLACEMENTS)
   if sync.algorithm not in IMPLEMENTED_SYNC_ALGORITHMS:
     raise ConfigError(f'sync.algorithm={sync.algorithm!r} is a known algorithm but not implemented yet; '
                       f'implemented: {", ".join(IMPLEMENTED_SYNC_ALGORITHMS)}.')

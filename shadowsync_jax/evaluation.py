@@ -1,10 +1,11 @@
 """Evaluation of the consensus model on the held-out set, beside the Bayes NE floor of synthetic data.
 
-  results = evaluation.evaluate_consensus(config, state_R.params, eval_source)
+  results = evaluation.evaluate(config, driver.consensus(state_R.params), state_R.params, eval_source)
   results['ne'], results['auc'], results['logloss'], results['calibration'], results['bayes_ne']
 
-The consensus model is the replica mean (or the single model of sync SGD, DESIGN §3). `bayes_ne` is the NE of
-the teacher's true click probabilities on the same examples (synthetic data), None for real data.
+The consensus model comes from the sync driver: the replica mean, the EA center, or the single model of sync
+SGD (DESIGN §3). `bayes_ne` is the NE of the teacher's true click probabilities on the same examples (synthetic
+data), None for real data.
 """
 
 from typing import Any
@@ -31,13 +32,12 @@ def predict(config: ml_collections.ConfigDict, params: Any, dense_NxF: np.ndarra
   return np.concatenate(outputs)
 
 
-def evaluate_consensus(config: ml_collections.ConfigDict, params_R: Any, eval_source: Any) -> dict[str, Any]:
-  """NE, AUC, log loss and calibration of the consensus model, and the Bayes floor where it is known.
+def evaluate(config: ml_collections.ConfigDict, params: Any, params_R: Any, eval_source: Any) -> dict[str, Any]:
+  """NE, AUC, log loss and calibration of the consensus model `params`, and the Bayes floor where it is known.
 
-  With `config.train.eval_per_replica`, also `ne_per_replica`: the NE of every replica's own model.
+  With `config.train.eval_per_replica`, also `ne_per_replica`: the NE of every replica's own model in `params_R`.
   """
   eval_batch = input_pipeline.eval_batch(eval_source, config.data.num_eval_examples)
-  params = replicas.consensus(params_R, config.sync.algorithm)
   probabilities = predict(config, params, eval_batch.dense, eval_batch.sparse)
   results = metrics.evaluate(eval_batch.label, probabilities)
   true_probabilities = input_pipeline.eval_true_probability(eval_source, config.data.num_eval_examples)

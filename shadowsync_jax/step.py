@@ -55,9 +55,15 @@ def init_train_state(key: jax.Array, model: DLRM, cardinalities: Sequence[int], 
 def make_train_step(model: DLRM, cardinalities: Sequence[int],
                     mlp_optimizer: optax.GradientTransformation,
                     embedding_optimizer: embedding.SparseOptimizer,
-                    grad_axis_name: str | None = None
+                    grad_axis_name: str | None = None,
+                    shared_embedding_axis_name: str | None = None
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
-  """train_step(state, batch) -> (state, {'loss': mean log loss of this replica's batch}); pure, not jitted."""
+  """train_step(state, batch) -> (state, {'loss': mean log loss of this replica's batch}); pure, not jitted.
+
+  `shared_embedding_axis_name` (embedding placement `shared`, DESIGN §4): the replicas along that axis hold one
+  logical table, and every step each applies the sparse gradients of all of them (summed, as trainers pushing to
+  an embedding parameter server), so the copies stay identical; the MLPs stay per replica.
+  """
   offsets_T = embedding.table_offsets(cardinalities)
 
   def loss_fn(mlp_params, emb_BxTxD, dense_BxF, label_B):
@@ -77,6 +83,9 @@ def make_train_step(model: DLRM, cardinalities: Sequence[int],
       num_replicas = lax.axis_size(grad_axis_name)
       row_ids_N = lax.all_gather(row_ids_N, grad_axis_name, tiled=True)
       row_grads_NxD = lax.all_gather(row_grads_NxD / num_replicas, grad_axis_name, tiled=True)
+    elif shared_embedding_axis_name is not None:  # Every replica's sparse update lands in the one shared table.
+      row_ids_N = lax.all_gather(row_ids_N, shared_embedding_axis_name, tiled=True)
+      row_grads_NxD = lax.all_gather(row_grads_NxD, shared_embedding_axis_name, tiled=True)
     # Every read of the old params (the backward matmuls) happens before the in-place update: without this
     # ordering XLA copies each donated kernel to keep the old value alive.
     mlp_params, mlp_grads, row_grads_NxD = lax.optimization_barrier((mlp_params, mlp_grads, row_grads_NxD))

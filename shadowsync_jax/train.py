@@ -30,6 +30,7 @@ from shadowsync_jax import model as model_lib
 from shadowsync_jax import progress
 from shadowsync_jax import replicas
 from shadowsync_jax import step as step_lib
+from shadowsync_jax import sync_drivers
 
 
 def make_model(config: ml_collections.ConfigDict) -> model_lib.DLRM:
@@ -55,11 +56,14 @@ def init_replicated_state(config: ml_collections.ConfigDict, mesh) -> step_lib.T
 
 
 def make_train_step(config: ml_collections.ConfigDict, mesh):
-  """The jitted step over all replicas; sync SGD averages gradients across them every step."""
+  """The jitted step over all replicas; sync SGD averages gradients across them every step, and shared embedding
+  placement applies all replicas' sparse gradients to every copy of the table."""
   mlp_optimizer, embedding_optimizer = make_optimizers(config)
   grad_axis = replicas.REPLICA_AXIS if config.sync.algorithm == 'sync_sgd' else None
+  shared_axis = replicas.REPLICA_AXIS if config.sync.embedding_placement == 'shared' else None
   step_fn = step_lib.make_train_step(make_model(config), list(config.data.cardinalities), mlp_optimizer,
-                                     embedding_optimizer, grad_axis_name=grad_axis)
+                                     embedding_optimizer, grad_axis_name=grad_axis,
+                                     shared_embedding_axis_name=shared_axis)
   return replicas.make_replicated_step(step_fn, mesh)
 
 
@@ -106,29 +110,38 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   writer = metric_writer.MetricWriter(workdir, enabled=jax.process_index() == 0)
   progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
 
+  driver = sync_drivers.make_driver(config, mesh, start_step)
+  driver.start(state)
   step, window = start_step, _LossWindow()
   timed_start, timed_steps, pending_loss = None, 0, None
-  for batch in batches:
-    if step >= stop_step:
-      break
-    state, metrics = train_step(state, replicas.shard(batch, mesh))
-    step += 1
-    if pending_loss is not None:  # Step N-1's loss: reading it keeps the dispatch queue one step deep.
-      window.add(float(np.mean(pending_loss)))
-    pending_loss = metrics['loss']
-    if timed_start is None:  # The first step compiles: examples/sec counts from its end.
-      jax.block_until_ready(pending_loss)
-      timed_start = time.perf_counter()
-      window.reset(timed_start)
-    else:
-      timed_steps += 1
-    progress_line.update(step)
-    if step % config.train.log_every_steps == 0 and window.steps:
-      now = time.perf_counter()
-      writer.write_scalars(step, {'train_loss': window.loss_sum / window.steps,
-                                  'examples_per_sec': window.steps * examples_per_step / (now - window.start)})
-      window.reset(now)
-    checkpointer.maybe_save(step, state)
+  try:
+    for batch in batches:
+      if step >= stop_step:
+        break
+      state, metrics = train_step(state, replicas.shard(batch, mesh))
+      step += 1
+      state = driver.after_step(step, state)
+      if pending_loss is not None:  # Step N-1's loss: reading it keeps the dispatch queue one step deep.
+        window.add(float(np.mean(pending_loss)))
+      pending_loss = metrics['loss']
+      if timed_start is None:  # The first step compiles: examples/sec counts from its end.
+        jax.block_until_ready(pending_loss)
+        timed_start = time.perf_counter()
+        window.reset(timed_start)
+      else:
+        timed_steps += 1
+      progress_line.update(step)
+      if step % config.train.log_every_steps == 0 and window.steps:
+        now = time.perf_counter()
+        writer.write_scalars(step, {
+            'train_loss': window.loss_sum / window.steps,
+            'examples_per_sec': window.steps * examples_per_step / (now - window.start),
+            'replica_divergence': float(sync_drivers.replica_divergence(state.params)),
+            **{k: v for k, v in driver.stats().items() if v is not None}})
+        window.reset(now)
+      checkpointer.maybe_save(step, state)
+  finally:
+    state = driver.finish(state)
   jax.block_until_ready(state)
   timed_seconds = time.perf_counter() - timed_start if timed_start is not None else 0.0
   checkpointer.maybe_save(step, state, force=True)
@@ -140,7 +153,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     print(f'Stopped at step {step} of {total_steps}; rerun with the same workdir to resume.')
     return {'stopped_at_step': step}
 
-  eval_metrics = evaluation.evaluate_consensus(config, state.params, eval_source)
+  eval_metrics = evaluation.evaluate(config, driver.consensus(state.params), state.params, eval_source)
   examples_per_sec = timed_steps * examples_per_step / timed_seconds if timed_seconds > 0 else None
   summary = {
       'eval_ne': eval_metrics['ne'],
@@ -156,9 +169,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       'num_replicas': num_replicas,
       'num_processes': jax.process_count(),
       'sync_algorithm': config.sync.algorithm,
-      # sync_sgd all-reduces gradients every step; `none` never synchronizes.
-      'sync_rounds': step if config.sync.algorithm == 'sync_sgd' else 0,
-      'mean_sync_gap': 1.0 if config.sync.algorithm == 'sync_sgd' else None,
+      **driver.stats(),  # sync_rounds, mean_sync_gap, max_sync_gap, mean_round_latency_s
+      'replica_divergence': float(sync_drivers.replica_divergence(state.params)),
       'wall_time_s': time.perf_counter() - wall_start,
       'config': config.to_dict(),
   }

@@ -1,0 +1,190 @@
+"""Model synchronization rounds as pure optax-style `(init, sync)` pairs over one replica's params (DESIGN §3).
+
+  algorithm = sync_algorithms.make('bmuf', replicas.REPLICA_AXIS, num_replicas, elastic_alpha=0.1,
+                                   block_momentum=-1.0, block_lr=1.0)    # -1: eta = 1 - 1/R
+  init_R, sync_R = sync_algorithms.stacked(algorithm, mesh)               # jit(shard_map(...)) over replicas
+  sync_state_R = init_R(params_R)
+  params_R, sync_state_R = sync_R(params_R, sync_state_R)                 # one round
+  eval_params = sync_algorithms.stacked_consensus('bmuf', mesh)(params_R, sync_state_R)
+
+`init` and `sync` run per replica inside `jax.shard_map` over `axis_name`: they see one replica's params (no
+leading axis) and couple the replicas only through `lax.pmean`/`lax.psum`. Every sync state holds values that are
+identical on all replicas (the EASGD center, the BMUF global model and momentum), one copy per replica, so a round
+needs no broadcast. Which leaves are synced and when a round runs belong to the driver, not to this module.
+"""
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+
+from shadowsync_jax import replicas
+
+PyTree = Any
+
+NAMES = ('ma', 'ea', 'bmuf')
+
+
+class SyncAlgorithm(NamedTuple):
+  """A pure pair: `init(params) -> sync_state` and `sync(params, sync_state) -> (params, sync_state)`."""
+  init: Callable[[PyTree], PyTree]
+  sync: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
+
+
+class ModelAveragingState(NamedTuple):
+  """Model averaging keeps no state."""
+
+
+class ElasticAveragingState(NamedTuple):
+  center: PyTree  # c, the same on every replica.
+
+
+class BmufState(NamedTuple):
+  global_params: PyTree  # g, the same on every replica.
+  momentum: PyTree  # D, the block momentum, the same on every replica.
+
+
+def _pmean(tree: PyTree, axis_name: str) -> PyTree:
+  return jax.tree.map(lambda x: lax.pmean(x, axis_name), tree)
+
+
+def model_averaging(axis_name: str) -> SyncAlgorithm:
+  """Every replica takes the replica mean: `w_i <- mean_j w_j`.
+
+  Periodic model averaging, as in "Parallel training of DNNs with natural gradient and parameter averaging"
+  (Povey et al., 2014) and local SGD (Stich, 2019, arXiv:1805.09767).
+  """
+
+  def init(params):
+    del params
+    return ModelAveragingState()
+
+  def sync(params, state):
+    return _pmean(params, axis_name), state
+
+  return SyncAlgorithm(init, sync)
+
+
+def elastic_averaging(axis_name: str, alpha: float) -> SyncAlgorithm:
+  """Elastic averaging: replicas and a center `c` pull toward each other with moving rate `alpha`.
+
+  `d_i = alpha (w_i - c)`; `w_i <- w_i - d_i`; `c <- c + sum_i d_i`. The synchronous round of EASGD, "Deep
+  learning with Elastic Averaging SGD" (Zhang, Choromanska & LeCun, NeurIPS 2015, arXiv:1412.6651), with
+  `beta = R alpha`; the round contracts `mean_i w_i - c` by `1 - alpha (R + 1)`, monotonically for `alpha R < 1`.
+  The center starts at the replica mean of the initial params.
+  """
+
+  def init(params):
+    return ElasticAveragingState(center=_pmean(params, axis_name))
+
+  def sync(params, state):
+    diffs = jax.tree.map(lambda w, c: alpha * (w - c), params, state.center)
+    params = jax.tree.map(lambda w, d: w - d, params, diffs)
+    center = jax.tree.map(lambda c, d: c + lax.psum(d, axis_name), state.center, diffs)
+    return params, ElasticAveragingState(center=center)
+
+  return SyncAlgorithm(init, sync)
+
+
+def bmuf(axis_name: str, block_momentum: float, block_lr: float = 1.0, nesterov: bool = False) -> SyncAlgorithm:
+  """Block-wise model update filtering: the averaged block update drives a momentum step on a global model `g`.
+
+  `G = mean_i w_i - g`; `D <- eta D + zeta G`; `g <- g + D`; `w_i <- g`, or `w_i <- g + eta D` with Nesterov
+  (eta = `block_momentum`, zeta = `block_lr`). "Scalable training of deep learning machines by incremental block
+  training with intra-block parallel optimization and blockwise model-update filtering" (Chen & Huo, ICASSP 2016).
+  With `eta = 0, zeta = 1` it is model averaging. `g` starts at the replica mean of the initial params, `D` at 0.
+  """
+
+  def init(params):
+    global_params = _pmean(params, axis_name)
+    return BmufState(global_params=global_params, momentum=jax.tree.map(jnp.zeros_like, global_params))
+
+  def sync(params, state):
+    block_grad = jax.tree.map(lambda m, g: m - g, _pmean(params, axis_name), state.global_params)
+    momentum = jax.tree.map(lambda d, b: block_momentum * d + block_lr * b, state.momentum, block_grad)
+    global_params = jax.tree.map(lambda g, d: g + d, state.global_params, momentum)
+    if nesterov:
+      params = jax.tree.map(lambda g, d: g + block_momentum * d, global_params, momentum)
+    else:
+      params = global_params
+    return params, BmufState(global_params=global_params, momentum=momentum)
+
+  return SyncAlgorithm(init, sync)
+
+
+def make(name: str, axis_name: str, num_replicas: int, elastic_alpha: float, block_momentum: float,
+         block_lr: float, nesterov: bool = False) -> SyncAlgorithm:
+  """The algorithm called `name` ('ma', 'ea' or 'bmuf'); `block_momentum < 0` means the default `1 - 1/R`."""
+  if name == 'ma':
+    return model_averaging(axis_name)
+  if name == 'ea':
+    if not 0 < elastic_alpha * num_replicas < 1:
+      raise ValueError(f'elastic_alpha * num_replicas = {elastic_alpha} * {num_replicas} must be in (0, 1).')
+    return elastic_averaging(axis_name, elastic_alpha)
+  if name == 'bmuf':
+    if block_momentum < 0:
+      block_momentum = 1.0 - 1.0 / num_replicas
+    if block_momentum >= 1:
+      raise ValueError(f'block_momentum={block_momentum} must be < 1 (negative = 1 - 1/R).')
+    if block_lr <= 0:
+      raise ValueError(f'block_lr={block_lr} must be > 0.')
+    return bmuf(axis_name, block_momentum, block_lr, nesterov)
+  raise ValueError(f'Unknown sync algorithm {name!r}; known: {", ".join(NAMES)}.')
+
+
+def consensus_params(name: str, params: PyTree, sync_state: PyTree,
+                     axis_name: str = replicas.REPLICA_AXIS) -> PyTree:
+  """The model a run evaluates, computed per replica inside `shard_map` (DESIGN §3).
+
+  'ma' and 'bmuf': the replica mean, which includes the local steps made since the last round (for BMUF it
+  equals `g` right after a plain round; `g` would drop those steps, and with Nesterov the replicas start from
+  `g + eta D`, not from `g`). 'ea': the center `c`, the model EASGD is meant to produce.
+  """
+  if name in ('ma', 'bmuf'):
+    return _pmean(params, axis_name)
+  if name == 'ea':
+    return sync_state.center
+  raise ValueError(f'Unknown sync algorithm {name!r}; known: {", ".join(NAMES)}.')
+
+
+def stacked(algorithm: SyncAlgorithm, mesh: Mesh, donate: bool = False
+            ) -> tuple[Callable[[PyTree], PyTree], Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]]:
+  """`(init_R, sync_R)`: `algorithm` as jit(shard_map) over params and sync state stacked on a leading axis R.
+
+  The algorithm must have been built with `axis_name=replicas.REPLICA_AXIS`. With `donate`, `sync_R` updates
+  its params and state in place (the caller must not reuse them).
+  """
+  spec = P(replicas.REPLICA_AXIS)
+
+  def init_one(params_1):
+    return _unsqueeze(algorithm.init(_squeeze(params_1)))
+
+  def sync_one(params_1, state_1):
+    params, state = algorithm.sync(_squeeze(params_1), _squeeze(state_1))
+    return _unsqueeze(params), _unsqueeze(state)
+
+  init_R = jax.jit(jax.shard_map(init_one, mesh=mesh, in_specs=spec, out_specs=spec))
+  sync_R = jax.jit(jax.shard_map(sync_one, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec)),
+                   donate_argnums=(0, 1) if donate else ())
+  return init_R, sync_R
+
+
+def stacked_consensus(name: str, mesh: Mesh) -> Callable[[PyTree, PyTree], PyTree]:
+  """jit(shard_map) of `consensus_params` on stacked params and state; returns one copy, no leading axis."""
+  spec = P(replicas.REPLICA_AXIS)
+
+  def consensus_one(params_1, state_1):
+    return _unsqueeze(consensus_params(name, _squeeze(params_1), _squeeze(state_1)))
+
+  per_replica = jax.shard_map(consensus_one, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+  return jax.jit(lambda params_R, state_R: _squeeze(per_replica(params_R, state_R)))
+
+
+def _squeeze(tree: PyTree) -> PyTree:
+  return jax.tree.map(lambda x: x[0], tree)
+
+
+def _unsqueeze(tree: PyTree) -> PyTree:
+  return jax.tree.map(lambda x: x[None], tree)
