@@ -6,8 +6,9 @@
     checkpointer.maybe_save(step, state)                   # returns at once; orbax writes in the background
   checkpointer.close()                                     # waits for the last save
 
-A checkpoint holds two items: `state` (the stacked replica train state, restored with the shardings of
-`abstract_state`) and `data` (JSON: the stream position, i.e. the global step the next batch starts at). Orbax
+A checkpoint holds two items: `state` (any pytree of arrays: in training, the stacked replica train state and the
+sync state, restored with the shardings of `abstract_state`) and `data` (JSON: the stream position, i.e. the
+global step the next batch starts at). Orbax
 writes each checkpoint into a temporary directory and renames it when complete, so a process killed mid-save
 leaves the previous checkpoint as the newest complete one.
 """

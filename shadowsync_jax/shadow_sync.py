@@ -1,7 +1,7 @@
 """ShadowSync (Zheng et al. 2020, arXiv:2003.03477): sync rounds in a background thread, off the training path.
 
   driver = ShadowSync(algorithm, 'ma', mesh, groups=('mlp',), min_interval_s=0.0)
-  driver.start(state_R)                          # starts the thread
+  driver.start(state_R, driver.initial_sync_state(state_R))   # starts the thread
   for step in ...:
     state_R, _ = train_step(state_R, batch_R)    # no cross-replica collective in here
     state_R = driver.after_step(step, state_R)   # never waits for a round
@@ -41,7 +41,7 @@ class ShadowSync:
   """`shadow_*`: one background thread loops rounds, no faster than one per `min_interval_s`."""
 
   def __init__(self, algorithm: sync_algorithms.SyncAlgorithm, name: str, mesh, groups: tuple[str, ...],
-               min_interval_s: float = 0.0, start_step: int = 0):
+               min_interval_s: float = 0.0):
     self._name, self._groups, self._min_interval_s = name, groups, min_interval_s
     self._init_R, self._sync_R = sync_algorithms.stacked(algorithm, mesh)
     self._consensus_R = sync_algorithms.stacked_consensus(name, mesh)
@@ -53,10 +53,13 @@ class ShadowSync:
     self._error: BaseException | None = None
     self._failed = threading.Event()
     self._thread: threading.Thread | None = None
-    self._gaps = sync_drivers.GapTracker(start_step)
+    self._gaps = sync_drivers.GapTracker()
 
-  def start(self, state_R: Any) -> None:
-    self._sync_state_R = self._init_R(sync_drivers.select(state_R.params, self._groups))
+  def initial_sync_state(self, state_R: Any) -> PyTree:
+    return self._init_R(sync_drivers.select(state_R.params, self._groups))
+
+  def start(self, state_R: Any, sync_state_R: PyTree) -> None:
+    self._sync_state_R = sync_state_R
     self._gaps.reset(int(state_R.step[0]))
     self._thread = threading.Thread(target=self._run, name='shadow-sync', daemon=True)
     self._thread.start()
@@ -91,6 +94,10 @@ class ShadowSync:
 
   def stats(self) -> dict[str, Any]:
     return self._gaps.stats()
+
+  def sync_state(self) -> PyTree:
+    """The thread's latest sync state (replaced, never mutated, by each round: safe to read and save)."""
+    return self._sync_state_R
 
   def wait_for_rounds(self, rounds: int, step_boundary, timeout_s: float = 60.0) -> None:
     """Test helper: calls `step_boundary()` until `rounds` rounds were merged (or raises TimeoutError)."""

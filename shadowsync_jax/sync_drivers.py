@@ -1,7 +1,8 @@
 """When sync rounds run: never, every k steps in the foreground, or continuously in a background thread.
 
   driver = sync_drivers.make_driver(config, mesh)
-  driver.start(state_R)                        # the sync state (EA center, BMUF global model) from the params
+  sync_state_R = driver.initial_sync_state(state_R)  # EA center, BMUF global model and momentum; None if no rounds
+  driver.start(state_R, sync_state_R)          # or a sync state restored from a checkpoint
   for step in ...:
     state_R, _ = train_step(state_R, batch_R)
     state_R = driver.after_step(step, state_R)  # foreground: a blocking round every k steps; shadow: merge a result
@@ -31,8 +32,14 @@ SYNCED_GROUPS = {'dense': ('mlp',), 'all': ('mlp', 'embedding')}
 
 class SyncDriver(Protocol):
 
-  def start(self, state_R: Any) -> None:
+  def initial_sync_state(self, state_R: Any) -> PyTree | None:
     ...
+
+  def start(self, state_R: Any, sync_state_R: PyTree | None) -> None:
+    ...
+
+  def sync_state(self) -> PyTree | None:
+    """The current sync state, to checkpoint with the train state (None for algorithms without rounds)."""
 
   def after_step(self, step: int, state_R: Any) -> Any:
     ...
@@ -50,9 +57,9 @@ class SyncDriver(Protocol):
 class GapTracker:
   """Counts rounds and the sync gap: training steps made between two consecutive merges (DESIGN §2)."""
 
-  def __init__(self, start_step: int = 0):
+  def __init__(self):
     self.rounds, self.gaps, self.latencies_s = 0, [], []
-    self._last_merge_step = start_step
+    self._last_merge_step = 0
 
   def reset(self, step: int) -> None:
     self._last_merge_step = step
@@ -101,8 +108,14 @@ class NoSync:
     self._algorithm = algorithm
     self._steps = 0
 
-  def start(self, state_R: Any) -> None:
+  def initial_sync_state(self, state_R: Any) -> None:
+    return None
+
+  def start(self, state_R: Any, sync_state_R: None) -> None:
     pass
+
+  def sync_state(self) -> None:
+    return None
 
   def after_step(self, step: int, state_R: Any) -> Any:
     self._steps += 1
@@ -125,16 +138,22 @@ class ForegroundSync:
   """`fr_*`: a blocking round on the live params every `every_k_steps` steps (the classic way)."""
 
   def __init__(self, algorithm: sync_algorithms.SyncAlgorithm, name: str, mesh, groups: tuple[str, ...],
-               every_k_steps: int, start_step: int = 0):
+               every_k_steps: int):
     self._name, self._groups, self._every = name, groups, every_k_steps
     self._init_R, self._sync_R = sync_algorithms.stacked(algorithm, mesh, donate=True)
     self._consensus_R = sync_algorithms.stacked_consensus(name, mesh)
     self._sync_state_R = None
-    self._gaps = GapTracker(start_step)
+    self._gaps = GapTracker()
 
-  def start(self, state_R: Any) -> None:
-    self._sync_state_R = self._init_R(select(state_R.params, self._groups))
+  def initial_sync_state(self, state_R: Any) -> PyTree:
+    return self._init_R(select(state_R.params, self._groups))
+
+  def start(self, state_R: Any, sync_state_R: PyTree) -> None:
+    self._sync_state_R = sync_state_R
     self._gaps.reset(int(state_R.step[0]))
+
+  def sync_state(self) -> PyTree:
+    return self._sync_state_R
 
   def after_step(self, step: int, state_R: Any) -> Any:
     if step % self._every:
@@ -156,7 +175,7 @@ class ForegroundSync:
     return self._gaps.stats()
 
 
-def make_driver(config: ml_collections.ConfigDict, mesh, start_step: int = 0) -> SyncDriver:
+def make_driver(config: ml_collections.ConfigDict, mesh) -> SyncDriver:
   """The driver for `config.sync.algorithm`: NoSync, ForegroundSync (`fr_*`) or ShadowSync (`shadow_*`)."""
   from shadowsync_jax import shadow_sync  # pylint: disable=g-import-not-at-top  (shadow_sync imports this module)
   sync = config.sync
@@ -167,7 +186,7 @@ def make_driver(config: ml_collections.ConfigDict, mesh, start_step: int = 0) ->
                                    sync.block_momentum, sync.block_lr, sync.nesterov)
   groups = SYNCED_GROUPS[sync.what]
   if mode == 'fr':
-    return ForegroundSync(algorithm, name, mesh, groups, sync.every_k_steps, start_step)
+    return ForegroundSync(algorithm, name, mesh, groups, sync.every_k_steps)
   if mode == 'shadow':
-    return shadow_sync.ShadowSync(algorithm, name, mesh, groups, sync.min_interval_s, start_step)
+    return shadow_sync.ShadowSync(algorithm, name, mesh, groups, sync.min_interval_s)
   raise ValueError(f'sync.algorithm={sync.algorithm!r} has no driver.')

@@ -98,10 +98,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   mesh = replicas.make_mesh(num_replicas)
   state = init_replicated_state(config, mesh)
   checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints', config.train.checkpoint_every_steps)
-  restored = checkpointer.restore_latest(checkpointing.abstract_like(state))
+  driver = sync_drivers.make_driver(config, mesh)
+  sync_state = driver.initial_sync_state(state)
+  restored = checkpointer.restore_latest(checkpointing.abstract_like(_checkpointed(state, sync_state)))
   start_step = 0
   if restored is not None:
-    state, start_step = restored
+    tree, start_step = restored
+    state, sync_state = tree['train'], tree.get('sync')
     print(f'Resumed from the checkpoint at step {start_step} of {total_steps} in {workdir}.')
   train_step = make_train_step(config, mesh)
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
@@ -110,8 +113,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   writer = metric_writer.MetricWriter(workdir, enabled=jax.process_index() == 0)
   progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
 
-  driver = sync_drivers.make_driver(config, mesh, start_step)
-  driver.start(state)
+  driver.start(state, sync_state)
   step, window = start_step, _LossWindow()
   timed_start, timed_steps, pending_loss = None, 0, None
   try:
@@ -139,12 +141,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
             'replica_divergence': float(sync_drivers.replica_divergence(state.params)),
             **{k: v for k, v in driver.stats().items() if v is not None}})
         window.reset(now)
-      checkpointer.maybe_save(step, state)
+      checkpointer.maybe_save(step, _checkpointed(state, driver.sync_state()))
   finally:
     state = driver.finish(state)
   jax.block_until_ready(state)
   timed_seconds = time.perf_counter() - timed_start if timed_start is not None else 0.0
-  checkpointer.maybe_save(step, state, force=True)
+  checkpointer.maybe_save(step, _checkpointed(state, driver.sync_state()), force=True)
   checkpointer.close()
   progress_line.finish()
 
@@ -178,6 +180,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   writer.close()
   (workdir / 'summary.json').write_text(json.dumps(summary, indent=2, default=_jsonable) + '\n')
   return summary
+
+
+def _checkpointed(state_R: step_lib.TrainState, sync_state_R: Any) -> dict[str, Any]:
+  """What a checkpoint holds besides the data position: the train state and, for round-based sync, its state."""
+  return {'train': state_R} if sync_state_R is None else {'train': state_R, 'sync': sync_state_R}
 
 
 def _jsonable(value: Any) -> Any:

@@ -69,12 +69,17 @@ def test_sync_sgd_on_eight_replicas_equals_one_replica_on_the_global_batch(one_r
   assert summary['eval_auc'] == pytest.approx(one_replica['eval_auc'], rel=1e-3)
 
 
-def test_interrupted_run_resumes_to_the_same_result(tmp_path):
-  uninterrupted = train.train_and_evaluate(_tiny(), tmp_path / 'straight')
-  first = train.train_and_evaluate(_tiny(train__stop_at_step=50), tmp_path / 'resumed')
+@pytest.mark.parametrize('overrides', [
+    {},
+    # Elastic averaging carries state across rounds (the center): the checkpoint must hold it too.
+    {'num_replicas': 4, 'batch_size': 32, 'sync__algorithm': 'fr_ea', 'sync__every_k_steps': 7},
+], ids=['none', 'fr_ea'])
+def test_interrupted_run_resumes_to_the_same_result(tmp_path, overrides):
+  uninterrupted = train.train_and_evaluate(_tiny(**overrides), tmp_path / 'straight')
+  first = train.train_and_evaluate(_tiny(train__stop_at_step=50, **overrides), tmp_path / 'resumed')
   assert first == {'stopped_at_step': 50}
   assert not (tmp_path / 'resumed' / 'summary.json').exists()
-  resumed = train.train_and_evaluate(_tiny(), tmp_path / 'resumed')
+  resumed = train.train_and_evaluate(_tiny(**overrides), tmp_path / 'resumed')
   assert resumed['resumed_from_step'] == 50
   assert resumed['train_examples'] == uninterrupted['train_examples']
   assert resumed['eval_ne'] == pytest.approx(uninterrupted['eval_ne'], rel=1e-6)

@@ -1,0 +1,98 @@
+r"""The ShadowSync study: every sync algorithm on the same data, R replicas, total training data fixed, one run.
+
+  python -m benchmarks.sync_study [--num_replicas=8] [--num_train_examples=1000000] [--batch_size=64] \
+      [--out=benchmarks/results/sync_study.md]
+
+Runs `none`, `sync_sgd`, the three foreground algorithms (every `--every_k_steps`), the three shadow algorithms,
+and then each foreground algorithm again with k equal to its shadow counterpart's measured mean sync gap, as the
+ShadowSync paper compares them. Prints a markdown table (eval NE, AUC, examples/sec and its ratio to `none`,
+rounds, mean sync gap) and writes it, with the raw summaries as JSON, to `--out`.
+"""
+
+import json
+import pathlib
+import tempfile
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+
+flags.DEFINE_integer('num_replicas', 8, 'Replicas (virtual CPU devices on a CPU machine).')
+flags.DEFINE_integer('num_train_examples', 1_000_000, 'Length of the one-pass training stream, for every run.')
+flags.DEFINE_integer('batch_size', 64, 'Examples per replica per step.')
+flags.DEFINE_integer('every_k_steps', 10, 'k of the foreground algorithms in their first runs.')
+flags.DEFINE_float('min_interval_s', 0.0, 'Least seconds between background rounds.')
+flags.DEFINE_string('what', 'all', "What a round syncs: 'all' or 'dense'.")
+flags.DEFINE_string('embedding_placement', 'replicated', "'replicated' or 'shared'.")
+flags.DEFINE_string('out', 'benchmarks/results/sync_study.md', 'Where the table and raw summaries go.')
+flags.DEFINE_bool('tiny', False, 'The tiny config (seconds per run), for a smoke test.')
+FLAGS = flags.FLAGS
+
+ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf')
+
+
+def _config(algorithm: str, every_k_steps: int):
+  from experiments.configs import default  # pylint: disable=g-import-not-at-top  (after the device count is set)
+  config = default.get_config('tiny' if FLAGS.tiny else '')
+  config.num_replicas = FLAGS.num_replicas
+  config.batch_size = FLAGS.batch_size
+  if not FLAGS.tiny:
+    config.data.num_train_examples = FLAGS.num_train_examples
+  config.sync.algorithm = algorithm
+  config.sync.every_k_steps = every_k_steps
+  config.sync.min_interval_s = FLAGS.min_interval_s
+  config.sync.what = FLAGS.what
+  config.sync.embedding_placement = FLAGS.embedding_placement
+  config.train.progress_every_s = 30.0
+  return config
+
+
+def _run(label: str, algorithm: str, every_k_steps: int, root: pathlib.Path) -> dict:
+  from shadowsync_jax import train  # pylint: disable=g-import-not-at-top
+  print(f'--- {label}', flush=True)
+  summary = train.train_and_evaluate(_config(algorithm, every_k_steps), root / label)
+  summary['label'] = label
+  return summary
+
+
+def _table(rows: list[dict]) -> str:
+  none_eps = next(r['examples_per_sec'] for r in rows if r['label'] == 'none')
+  sync_ne = next(r['eval_ne'] for r in rows if r['label'] == 'sync_sgd')
+  floor = rows[0]['bayes_ne']
+  lines = ['| run | eval NE | NE vs sync_sgd | AUC | examples/sec | vs none | rounds | mean sync gap |',
+           '|---|---|---|---|---|---|---|---|']
+  for r in rows:
+    gap = '' if r['mean_sync_gap'] is None else f'{r["mean_sync_gap"]:.1f}'
+    lines.append(f'| {r["label"]} | {r["eval_ne"]:.4f} | {100 * (r["eval_ne"] / sync_ne - 1):+.2f}% | '
+                 f'{r["eval_auc"]:.4f} | {r["examples_per_sec"]:,.0f} | {r["examples_per_sec"] / none_eps:.2f} | '
+                 f'{r["sync_rounds"]} | {gap} |')
+  lines.append(f'\nBayes NE floor: {floor:.4f}' if floor else '')
+  return '\n'.join(lines)
+
+
+def main(argv):
+  del argv
+  if not FLAGS['verbosity'].present:  # orbax logs every save at INFO.
+    logging.set_verbosity(logging.WARNING)
+  jax.config.update('jax_num_cpu_devices', max(FLAGS.num_replicas, 1))
+  root = pathlib.Path(tempfile.mkdtemp(prefix='sync_study_'))
+  rows = [_run(a, a, FLAGS.every_k_steps, root) for a in ALGORITHMS]
+  for name in ('ma', 'ea', 'bmuf'):
+    shadow = next(r for r in rows if r['label'] == f'shadow_{name}')
+    k = max(1, round(shadow['mean_sync_gap'] or FLAGS.every_k_steps))
+    rows.append(_run(f'fr_{name} (k={k}, the shadow gap)', f'fr_{name}', k, root))
+  table = _table(rows)
+  print(table)
+  out = pathlib.Path(FLAGS.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  setup = (f'{FLAGS.num_replicas} replicas x batch {FLAGS.batch_size}, '
+           f'{rows[0]["train_examples"]:,} training examples in all, sync.what={FLAGS.what}, '
+           f'embedding_placement={FLAGS.embedding_placement}, min_interval_s={FLAGS.min_interval_s}')
+  raw = json.dumps([{k: v for k, v in r.items() if k != 'config'} for r in rows], indent=1)
+  out.write_text(f'# Sync study\n\n{setup}\n\n{table}\n\n```json\n{raw}\n```\n')
+  print(f'written to {out}')
+
+
+if __name__ == '__main__':
+  app.run(main)
