@@ -45,7 +45,7 @@ class ShadowSync:
     self._name, self._groups, self._min_interval_s = name, groups, min_interval_s
     self._init_R, self._sync_R = sync_algorithms.stacked(algorithm, mesh)
     self._consensus_R = sync_algorithms.stacked_consensus(name, mesh)
-    self._sync_state_R = None  # Owned by the thread while it runs.
+    self._sync_state_R = None  # That of the last merged round; the thread runs ahead on its own copy.
     self._snapshot_wanted = threading.Event()
     self._snapshots: queue.Queue = queue.Queue(maxsize=1)
     self._results: queue.Queue = queue.Queue(maxsize=1)
@@ -68,12 +68,13 @@ class ShadowSync:
     """At a step boundary: raise the thread's error, merge a finished round, hand over a wanted snapshot."""
     self._raise_if_failed()
     try:
-      snapshot_R, synced_R, latency_s = self._results.get_nowait()
+      snapshot_R, synced_R, sync_state_R, latency_s = self._results.get_nowait()
     except queue.Empty:
       pass
     else:
       synced_groups = _merge(sync_drivers.select(state_R.params, self._groups), snapshot_R, synced_R)
       state_R = state_R._replace(params=sync_drivers.with_synced(state_R.params, synced_groups))
+      self._sync_state_R = sync_state_R
       self._gaps.merged(step, latency_s)
     if self._snapshot_wanted.is_set():
       self._snapshot_wanted.clear()
@@ -81,7 +82,7 @@ class ShadowSync:
     return state_R
 
   def finish(self, state_R: Any) -> Any:
-    """Stops and joins the thread (a round in flight completes and is dropped); raises its error if it failed."""
+    """Stops and joins the thread (a round in flight is dropped, sync state and all); raises its error if it failed."""
     self._stop.set()
     if self._thread is not None:
       self._thread.join()
@@ -96,7 +97,7 @@ class ShadowSync:
     return self._gaps.stats()
 
   def sync_state(self) -> PyTree:
-    """The thread's latest sync state (replaced, never mutated, by each round: safe to read and save)."""
+    """The sync state of the last merged round, so it matches the params `after_step` returned (safe to save)."""
     return self._sync_state_R
 
   def wait_for_rounds(self, rounds: int, step_boundary, timeout_s: float = 60.0) -> None:
@@ -112,6 +113,7 @@ class ShadowSync:
       raise self._error
 
   def _run(self) -> None:
+    sync_state_R = self._sync_state_R
     try:
       while not self._stop.is_set():
         round_start = time.monotonic()
@@ -119,9 +121,9 @@ class ShadowSync:
         if snapshot_R is None:
           return
         started = time.perf_counter()
-        synced_R, self._sync_state_R = self._sync_R(snapshot_R, self._sync_state_R)
+        synced_R, sync_state_R = self._sync_R(snapshot_R, sync_state_R)
         jax.block_until_ready(synced_R)
-        if not self._put_result((snapshot_R, synced_R, time.perf_counter() - started)):
+        if not self._put_result((snapshot_R, synced_R, sync_state_R, time.perf_counter() - started)):
           return
         self._stop.wait(max(0.0, self._min_interval_s - (time.monotonic() - round_start)))
     except BaseException as error:  # pylint: disable=broad-except  (handed to the training thread as it is)
