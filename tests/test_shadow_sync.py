@@ -27,32 +27,11 @@ from shadowsync_jax import shadow_sync
 from shadowsync_jax import step as step_lib
 from shadowsync_jax import sync_algorithms
 
+import fake_training
+from fake_training import FakeState
+
 TIMEOUT_S = 60.0  # Only reached when something is broken (a hang); healthy runs take well under a second.
 ALL = ('mlp', 'embedding')
-
-
-class FakeState(NamedTuple):
-  """What the driver reads of train.py's state: `params` {'mlp', 'embedding'} and `step` [R]."""
-  params: dict[str, Any]
-  step: jax.Array
-
-
-def _initial(num_replicas: int) -> tuple[dict[str, Any], dict[str, Any]]:
-  """Integer params, distinct per replica at every step, and the delta a fake step adds (replica r: r + 1)."""
-  r_R = np.arange(num_replicas, dtype=np.float32)
-  params = {'mlp': {'kernel': 10 * r_R[:, None, None] + np.arange(6, dtype=np.float32).reshape(1, 3, 2)},
-            'embedding': 3 * r_R[:, None, None]**2 + np.arange(10, dtype=np.float32).reshape(1, 5, 2)}
-  delta = jax.tree.map(lambda x: np.broadcast_to((r_R + 1).reshape(-1, *[1] * (x.ndim - 1)), x.shape).copy(),
-                       params)
-  return params, delta
-
-
-@jax.jit
-def _fake_step_fn(state: FakeState, delta_R) -> FakeState:
-  return FakeState(params=jax.tree.map(lambda w, d: w + d, state.params, delta_R), step=state.step + 1)
-
-
-_fake_step = jax.jit(_fake_step_fn, donate_argnums=0)  # Donates its params, as the real train step does.
 
 
 class Loop:
@@ -60,13 +39,13 @@ class Loop:
 
   def __init__(self, driver, num_replicas: int):
     self.mesh = replicas.make_mesh(num_replicas)
-    self.initial, self.delta = _initial(num_replicas)
+    self.initial, self.delta = fake_training.initial(num_replicas)
     self._delta_R = replicas.shard(self.delta, self.mesh)
     self.state = replicas.shard(FakeState(params=self.initial, step=np.zeros(num_replicas, np.int32)), self.mesh)
     self.driver, self.step = driver, 0
 
   def advance(self) -> None:
-    self.state = _fake_step(self.state, self._delta_R)
+    self.state = fake_training.donating_step(self.state, self._delta_R)
     self.step += 1
     self.state = self.driver.after_step(self.step, self.state)
     jax.block_until_ready(self.state.step)  # Keeps the dispatch queue short, as train.py's loss read-back does.

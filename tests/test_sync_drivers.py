@@ -19,28 +19,10 @@ from shadowsync_jax import sync_algorithms
 from shadowsync_jax import sync_drivers
 from shadowsync_jax import train
 
+import fake_training
+from fake_training import FakeState
+
 COLLECTIVE = re.compile(r'all-reduce|all-gather|collective-permute|all-to-all|reduce-scatter')
-
-
-class FakeState(NamedTuple):
-  """What the drivers read of train.py's state: `params` {'mlp', 'embedding'} and `step` [R]."""
-  params: dict[str, Any]
-  step: jax.Array
-
-
-def _initial(num_replicas: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-  """Integer params, distinct per replica at every step, and the delta a fake step adds (replica r: r + 1)."""
-  r_R = np.arange(num_replicas, dtype=np.float32)
-  params = {'mlp': {'kernel': 10 * r_R[:, None, None] + np.arange(6, dtype=np.float32).reshape(1, 3, 2)},
-            'embedding': 3 * r_R[:, None, None]**2 + np.arange(10, dtype=np.float32).reshape(1, 5, 2)}
-  delta = jax.tree.map(lambda x: np.broadcast_to((r_R + 1).reshape(-1, *[1] * (x.ndim - 1)), x.shape).copy(),
-                       params)
-  return params, delta
-
-
-@jax.jit
-def _fake_step(state: FakeState, delta_R) -> FakeState:
-  return FakeState(params=jax.tree.map(lambda w, d: w + d, state.params, delta_R), step=state.step + 1)
 
 
 def _fake_state(params: dict[str, np.ndarray], mesh) -> FakeState:
@@ -53,14 +35,14 @@ def test_foreground_ma_rounds_every_k_steps_on_the_live_params(num_replicas, gro
   """Every k-th step (and only then) the synced groups become the replica mean of the params of that very step."""
   every_k, num_steps = 3, 11
   mesh = replicas.make_mesh(num_replicas)
-  want, delta = _initial(num_replicas)
+  want, delta = fake_training.initial(num_replicas)
   delta_R = replicas.shard(delta, mesh)
   driver = sync_drivers.ForegroundSync(sync_algorithms.model_averaging(replicas.REPLICA_AXIS), 'ma', mesh, groups,
                                        every_k_steps=every_k)
   state = _fake_state(want, mesh)
   driver.start(state, driver.initial_sync_state(state))
   for step in range(1, num_steps + 1):
-    state = driver.after_step(step, _fake_step(state, delta_R))
+    state = driver.after_step(step, fake_training.step(state, delta_R))
     want = jax.tree.map(np.add, want, delta)
     if step % every_k == 0:
       for group in groups:
@@ -86,7 +68,7 @@ def test_foreground_resumes_from_the_given_step_and_sync_state():
   """Resumed at step 100 with a restored EA center: rounds at 104 and 108 (gaps 4), pulled toward that center."""
   num_replicas, alpha = 4, 0.1
   mesh = replicas.make_mesh(num_replicas)
-  want, delta = _initial(num_replicas)
+  want, delta = fake_training.initial(num_replicas)
   driver = sync_drivers.ForegroundSync(sync_algorithms.elastic_averaging(replicas.REPLICA_AXIS, alpha), 'ea', mesh,
                                        ('mlp',), every_k_steps=4)
   state = _fake_state(want, mesh)._replace(step=replicas.shard(np.full(num_replicas, 100, np.int32), mesh))
@@ -95,7 +77,7 @@ def test_foreground_resumes_from_the_given_step_and_sync_state():
       center=replicas.shard(jax.tree.map(lambda c: np.stack([c] * num_replicas), center), mesh)))
   delta_R = replicas.shard(delta, mesh)
   for step in range(101, 110):
-    state = driver.after_step(step, _fake_step(state, delta_R))
+    state = driver.after_step(step, fake_training.step(state, delta_R))
     want = jax.tree.map(np.add, want, delta)
     if step % 4 == 0:
       diff = jax.tree.map(lambda w, c: alpha * (w - c), want['mlp'], center['mlp'])
@@ -113,7 +95,7 @@ def test_foreground_ea_keeps_its_center_across_rounds():
   """EA through the driver: the sync state (the center) carries over rounds and is the consensus (DESIGN §3)."""
   num_replicas, alpha = 4, 0.1
   mesh = replicas.make_mesh(num_replicas)
-  want, delta = _initial(num_replicas)
+  want, delta = fake_training.initial(num_replicas)
   center = jax.tree.map(lambda x: x.mean(axis=0), want)
   driver = sync_drivers.ForegroundSync(sync_algorithms.elastic_averaging(replicas.REPLICA_AXIS, alpha), 'ea', mesh,
                                        ('mlp', 'embedding'), every_k_steps=2)
@@ -121,7 +103,7 @@ def test_foreground_ea_keeps_its_center_across_rounds():
   driver.start(state, driver.initial_sync_state(state))
   delta_R = replicas.shard(delta, mesh)
   for step in range(1, 7):
-    state = driver.after_step(step, _fake_step(state, delta_R))
+    state = driver.after_step(step, fake_training.step(state, delta_R))
     want = jax.tree.map(np.add, want, delta)
     if step % 2 == 0:
       diff = jax.tree.map(lambda w, c: alpha * (w - c), want, center)
