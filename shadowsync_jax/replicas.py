@@ -4,7 +4,7 @@
   state_R = replicas.replicate(state, mesh)                     # every leaf gains a leading axis R, sharded
   train_step = replicas.make_replicated_step(step_fn, mesh)    # jit(shard_map(step_fn)), state donated
   state_R, metrics_R = train_step(state_R, replicas.shard(batch_RxB, mesh))
-  params = replicas.consensus(state_R.params, 'none')           # the model that is evaluated (DESIGN §3)
+  mean_params = replicas.replica_mean(state_R.params)          # one model: the average of the replicas
 
 Inside the step each device sees its own replica with the leading axis removed, so `step_fn` is the plain
 one-replica step; collectives over `REPLICA_AXIS` (sync SGD) are the only coupling between replicas.
@@ -53,19 +53,18 @@ def make_replicated_step(step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTre
   """jit(shard_map(step_fn)) over the replica axis; the state argument is donated (updated in place)."""
 
   def per_device(state_1, batch_1):
-    state, metrics = step_fn(_squeeze(state_1), _squeeze(batch_1))
-    return _unsqueeze(state), _unsqueeze(metrics)
+    state, metrics = step_fn(squeeze(state_1), squeeze(batch_1))
+    return unsqueeze(state), unsqueeze(metrics)
 
   spec = P(REPLICA_AXIS)
   sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec))
   return jax.jit(sharded, donate_argnums=0)
 
 
-def consensus(params_R: PyTree, algorithm: str) -> PyTree:
-  """The model a run is evaluated on: one copy for sync SGD (all equal), else the replica mean (DESIGN §3)."""
-  if algorithm == 'sync_sgd':
-    return jax.tree.map(lambda x: x[0], params_R)
-  return jax.jit(lambda p: jax.tree.map(lambda x: jnp.mean(x, axis=0), p))(params_R)
+@jax.jit
+def replica_mean(params_R: PyTree) -> PyTree:
+  """The average of the replicas, one tree without the leading axis."""
+  return jax.tree.map(lambda x: jnp.mean(x, axis=0), params_R)
 
 
 def unstack(tree_R: PyTree) -> list[PyTree]:
@@ -74,9 +73,11 @@ def unstack(tree_R: PyTree) -> list[PyTree]:
   return [jax.tree.map(lambda x, r=r: x[r], tree_R) for r in range(num_replicas)]
 
 
-def _squeeze(tree: PyTree) -> PyTree:
-  return jax.tree.map(lambda x: x[0], tree)
+def squeeze(tree_1: PyTree) -> PyTree:
+  """Inside shard_map: a device's slice [1, ...] of a replica-stacked tree as the plain one-replica tree."""
+  return jax.tree.map(lambda x: x[0], tree_1)
 
 
-def _unsqueeze(tree: PyTree) -> PyTree:
+def unsqueeze(tree: PyTree) -> PyTree:
+  """Inside shard_map: a one-replica tree back as its [1, ...] slice of the stacked tree."""
   return jax.tree.map(lambda x: x[None], tree)

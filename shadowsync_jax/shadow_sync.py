@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 
+from shadowsync_jax import replicas
 from shadowsync_jax import sync_algorithms
 from shadowsync_jax import sync_drivers
 
@@ -91,7 +92,7 @@ class ShadowSync:
 
   def consensus(self, params_R: PyTree) -> PyTree:
     synced = self._consensus_R(sync_drivers.select(params_R, self._groups), self._sync_state_R)
-    return sync_drivers.with_synced(sync_drivers.replica_mean(params_R), synced)
+    return sync_drivers.with_synced(replicas.replica_mean(params_R), synced)
 
   def stats(self) -> dict[str, Any]:
     return self._gaps.stats()

@@ -159,11 +159,11 @@ def stacked(algorithm: SyncAlgorithm, mesh: Mesh, donate: bool = False
   spec = P(replicas.REPLICA_AXIS)
 
   def init_one(params_1):
-    return _unsqueeze(algorithm.init(_squeeze(params_1)))
+    return replicas.unsqueeze(algorithm.init(replicas.squeeze(params_1)))
 
   def sync_one(params_1, state_1):
-    params, state = algorithm.sync(_squeeze(params_1), _squeeze(state_1))
-    return _unsqueeze(params), _unsqueeze(state)
+    params, state = algorithm.sync(replicas.squeeze(params_1), replicas.squeeze(state_1))
+    return replicas.unsqueeze(params), replicas.unsqueeze(state)
 
   init_R = jax.jit(jax.shard_map(init_one, mesh=mesh, in_specs=spec, out_specs=spec))
   sync_R = jax.jit(jax.shard_map(sync_one, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec)),
@@ -176,15 +176,8 @@ def stacked_consensus(name: str, mesh: Mesh) -> Callable[[PyTree, PyTree], PyTre
   spec = P(replicas.REPLICA_AXIS)
 
   def consensus_one(params_1, state_1):
-    return _unsqueeze(consensus_params(name, _squeeze(params_1), _squeeze(state_1)))
+    return replicas.unsqueeze(consensus_params(name, replicas.squeeze(params_1), replicas.squeeze(state_1)))
 
   per_replica = jax.shard_map(consensus_one, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
-  return jax.jit(lambda params_R, state_R: _squeeze(per_replica(params_R, state_R)))
+  return jax.jit(lambda params_R, state_R: replicas.squeeze(per_replica(params_R, state_R)))
 
-
-def _squeeze(tree: PyTree) -> PyTree:
-  return jax.tree.map(lambda x: x[0], tree)
-
-
-def _unsqueeze(tree: PyTree) -> PyTree:
-  return jax.tree.map(lambda x: x[None], tree)

@@ -89,10 +89,6 @@ def with_synced(params: PyTree, synced: PyTree) -> PyTree:
   return {**params, **synced}
 
 
-def replica_mean(params_R: PyTree) -> PyTree:
-  return jax.jit(lambda p: jax.tree.map(lambda x: jnp.mean(x, axis=0), p))(params_R)
-
-
 @jax.jit
 def replica_divergence(params_R: PyTree) -> jax.Array:
   """Mean over replicas of the L2 distance of each replica's params to the replica mean (DESIGN §6)."""
@@ -125,7 +121,9 @@ class NoSync:
     return state_R
 
   def consensus(self, params_R: PyTree) -> PyTree:
-    return replicas.consensus(params_R, self._algorithm)
+    if self._algorithm == 'sync_sgd':  # All replicas are the same model.
+      return jax.tree.map(lambda x: x[0], params_R)
+    return replicas.replica_mean(params_R)
 
   def stats(self) -> dict[str, Any]:
     if self._algorithm == 'sync_sgd':  # One gradient all-reduce per step: always in sync.
@@ -169,7 +167,7 @@ class ForegroundSync:
 
   def consensus(self, params_R: PyTree) -> PyTree:
     synced = self._consensus_R(select(params_R, self._groups), self._sync_state_R)
-    return with_synced(replica_mean(params_R), synced)
+    return with_synced(replicas.replica_mean(params_R), synced)
 
   def stats(self) -> dict[str, Any]:
     return self._gaps.stats()

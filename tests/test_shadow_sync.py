@@ -12,7 +12,7 @@ import gc
 import math
 import threading
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import numpy as np

@@ -5,7 +5,6 @@ returns is known exactly (small integers, replica means over 4 or 8 replicas are
 """
 
 import re
-from typing import Any, NamedTuple
 
 import jax
 import numpy as np
