@@ -1,13 +1,13 @@
 r"""The ShadowSync study: every sync algorithm on the same data, R replicas, total training data fixed, one run.
 
-  python -m benchmarks.sync_study [--num_replicas=8] [--num_train_examples=1000000] [--batch_size=64] \
-      [--out=benchmarks/results/sync_study.md]
+  python -m benchmarks.sync_study --min_interval_s=0.1 --repeats=2 [--num_replicas=8] [--batch_size=64] \
+      [--num_train_examples=1000000] [--out=benchmarks/results/sync_study.md]
 
 Runs `none`, `sync_sgd`, the three foreground algorithms (every `--every_k_steps`), the three shadow algorithms,
 and then each foreground algorithm again with k equal to its shadow counterpart's measured mean sync gap, as the
 ShadowSync paper compares them. With `--repeats=N` the whole grid runs N times in turn and examples/sec is the
-best of the N (external load only ever slows a run down). Prints a markdown table (eval NE, AUC, examples/sec and its ratio to `none`,
-rounds, mean sync gap) and writes it, with the raw summaries as JSON, to `--out`.
+best of the N (external load only ever slows a run down). Prints a markdown table (eval NE, AUC, examples/sec
+and its ratio to `none`, rounds, mean sync gap) and writes it, with the raw summaries as JSON, to `--out`.
 """
 
 import json

@@ -17,9 +17,20 @@ def _config(**overrides):
   return config
 
 
-def test_default_and_tiny_configs_are_valid():
-  config_lib.validate(default.get_config(), num_devices=1)
-  config_lib.validate(default.get_config('tiny'), num_devices=8)
+# The keys every config has (DESIGN §9).
+CONTRACT_KEYS = ('num_replicas', 'seed', 'data.source', 'data.train_path', 'data.eval_path', 'data.num_train_examples',
+                 'data.num_eval_examples', 'batch_size', 'sync.algorithm', 'sync.every_k_steps', 'sync.min_interval_s',
+                 'sync.elastic_alpha', 'sync.block_momentum', 'sync.block_lr')
+
+
+@pytest.mark.parametrize('variant', ['', 'tiny'])
+def test_default_and_tiny_configs_are_valid_and_have_the_contract_keys(variant):
+  config = default.get_config(variant)
+  config_lib.validate(config, num_devices=8)  # Raises if invalid.
+  flat = config.to_dict()
+  for key in CONTRACT_KEYS:
+    section, _, leaf = key.rpartition('.')
+    assert leaf in (flat[section] if section else flat), key
 
 
 @pytest.mark.parametrize('overrides, key', [
