@@ -8,7 +8,7 @@ SGD (DESIGN §3). `bayes_ne` is the NE of the teacher's true click probabilities
 data), None for real data.
 """
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -21,15 +21,18 @@ from shadowsync_jax import replicas
 from shadowsync_jax import step as step_lib
 
 
-def predict(config: ml_collections.ConfigDict, params: Any, dense_NxF: np.ndarray,
-            sparse_NxT: np.ndarray) -> np.ndarray:
-  """Click probabilities of one model for N examples, in chunks of `config.train.eval_batch_size`."""
-  model = model_lib.DLRM(bottom_mlp=tuple(config.model.bottom_mlp), top_mlp=tuple(config.model.top_mlp))
-  predict_fn = jax.jit(step_lib.make_predict_fn(model, list(config.data.cardinalities)))
+def make_predict(config: ml_collections.ConfigDict) -> Callable[[Any, np.ndarray, np.ndarray], np.ndarray]:
+  """predict(params, dense_NxF, sparse_NxT) -> click probabilities of one model for N examples, computed in
+  chunks of `config.train.eval_batch_size` by one jitted function (compiled once per chunk shape)."""
+  predict_fn = jax.jit(step_lib.make_predict_fn(model_lib.from_config(config.model),
+                                                list(config.data.cardinalities)))
   chunk = config.train.eval_batch_size
-  outputs = [np.asarray(predict_fn(params, dense_NxF[i:i + chunk], sparse_NxT[i:i + chunk]))
-             for i in range(0, len(dense_NxF), chunk)]
-  return np.concatenate(outputs)
+
+  def predict(params: Any, dense_NxF: np.ndarray, sparse_NxT: np.ndarray) -> np.ndarray:
+    return np.concatenate([np.asarray(predict_fn(params, dense_NxF[i:i + chunk], sparse_NxT[i:i + chunk]))
+                           for i in range(0, len(dense_NxF), chunk)])
+
+  return predict
 
 
 def evaluate(config: ml_collections.ConfigDict, params: Any, params_R: Any, eval_source: Any) -> dict[str, Any]:
@@ -38,14 +41,14 @@ def evaluate(config: ml_collections.ConfigDict, params: Any, params_R: Any, eval
   With `config.train.eval_per_replica`, also `ne_per_replica`: the NE of every replica's own model in `params_R`.
   """
   eval_batch = input_pipeline.eval_batch(eval_source, config.data.num_eval_examples)
-  probabilities = predict(config, params, eval_batch.dense, eval_batch.sparse)
+  predict = make_predict(config)
+  probabilities = predict(params, eval_batch.dense, eval_batch.sparse)
   results = metrics.evaluate(eval_batch.label, probabilities)
   true_probabilities = input_pipeline.eval_true_probability(eval_source, config.data.num_eval_examples)
   results['bayes_ne'] = (None if true_probabilities is None
                          else metrics.normalized_entropy(eval_batch.label, true_probabilities))
   if config.train.eval_per_replica:
     results['ne_per_replica'] = [
-        metrics.normalized_entropy(eval_batch.label, predict(config, replica_params, eval_batch.dense,
-                                                             eval_batch.sparse))
+        metrics.normalized_entropy(eval_batch.label, predict(replica_params, eval_batch.dense, eval_batch.sparse))
         for replica_params in replicas.unstack(params_R)]
   return results

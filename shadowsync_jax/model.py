@@ -112,3 +112,8 @@ class DLRM(nn.Module):
     pairs_BxP = dot_interaction(bottom_BxD, emb_BxTxD)
     top_in_BxI = jnp.concatenate([bottom_BxD, pairs_BxP], axis=1)
     return MLP(self.top_mlp, final_activation=False, name='top')(top_in_BxI)[:, 0]
+
+
+def from_config(model_config) -> DLRM:
+  """The DLRM of a run's `config.model` section (`bottom_mlp`, `top_mlp`)."""
+  return DLRM(bottom_mlp=tuple(model_config.bottom_mlp), top_mlp=tuple(model_config.top_mlp))

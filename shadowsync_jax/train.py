@@ -33,10 +33,6 @@ from shadowsync_jax import step as step_lib
 from shadowsync_jax import sync_drivers
 
 
-def make_model(config: ml_collections.ConfigDict) -> model_lib.DLRM:
-  return model_lib.DLRM(bottom_mlp=tuple(config.model.bottom_mlp), top_mlp=tuple(config.model.top_mlp))
-
-
 def make_optimizers(config: ml_collections.ConfigDict):
   """(optax optimizer of the MLP weights, sparse optimizer of the embedding tables) from `config.optimizer`."""
   opt = config.optimizer
@@ -50,7 +46,7 @@ def init_replicated_state(config: ml_collections.ConfigDict, mesh) -> step_lib.T
   """R replicas of one freshly initialized train state (all replicas start from the same model)."""
   mlp_optimizer, embedding_optimizer = make_optimizers(config)
   state = step_lib.init_train_state(
-      jax.random.key(config.seed), make_model(config), list(config.data.cardinalities), config.model.embedding_dim,
+      jax.random.key(config.seed), model_lib.from_config(config.model), list(config.data.cardinalities), config.model.embedding_dim,
       mlp_optimizer, embedding_optimizer)
   return replicas.replicate(state, mesh)
 
@@ -61,7 +57,7 @@ def make_train_step(config: ml_collections.ConfigDict, mesh):
   mlp_optimizer, embedding_optimizer = make_optimizers(config)
   grad_axis = replicas.REPLICA_AXIS if config.sync.algorithm == 'sync_sgd' else None
   shared_axis = replicas.REPLICA_AXIS if config.sync.embedding_placement == 'shared' else None
-  step_fn = step_lib.make_train_step(make_model(config), list(config.data.cardinalities), mlp_optimizer,
+  step_fn = step_lib.make_train_step(model_lib.from_config(config.model), list(config.data.cardinalities), mlp_optimizer,
                                      embedding_optimizer, grad_axis_name=grad_axis,
                                      shared_embedding_axis_name=shared_axis)
   return replicas.make_replicated_step(step_fn, mesh)
@@ -82,7 +78,7 @@ class _LossWindow:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
-  """Trains `config` in `workdir` (resuming if it holds a checkpoint); returns the summary, None-free keys aside.
+  """Trains `config` in `workdir` (resuming if it holds a checkpoint); returns the summary written to summary.json.
 
   When `config.train.stop_at_step` stops the run early, returns {'stopped_at_step': step} and writes no summary.
   """
@@ -92,7 +88,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   workdir.mkdir(parents=True, exist_ok=True)
   num_replicas, batch_size = config.num_replicas, config.batch_size
   examples_per_step = num_replicas * batch_size
-  total_steps = config.data.num_train_examples // examples_per_step
+  total_steps = input_pipeline.num_steps(config.data.num_train_examples, num_replicas, batch_size)
   stop_step = min(config.train.stop_at_step or total_steps, total_steps)
 
   mesh = replicas.make_mesh(num_replicas)
