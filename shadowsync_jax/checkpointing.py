@@ -42,10 +42,16 @@ class Checkpointer:
     step = self._manager.latest_step()
     if step is None:
       return None
-    restored = self._manager.restore(
-        step,
-        args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()),
-    )
+    try:
+      restored = self._manager.restore(
+          step,
+          args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()),
+      )
+    except ValueError as error:  # Orbax's message lists tree paths; say first what went wrong and what to do.
+      raise ValueError(
+          f'The checkpoint at step {step} in {self._manager.directory} does not match this run (another model, '
+          'sync algorithm or replica count, or an older version of the code). Use a new workdir, or delete that '
+          f'checkpoint directory to start over. Orbax said: {error}') from error
     return restored.state, int(restored.data['step'])
 
   def maybe_save(self, step: int, state: PyTree, force: bool = False) -> bool:
