@@ -91,8 +91,3 @@ def test_invalid_config_fails_before_training(tmp_path):
     train.train_and_evaluate(_tiny(num_replicas=16), tmp_path)
   assert not list(tmp_path.iterdir())
 
-
-def test_incompatible_checkpoint_says_what_to_do(tmp_path):
-  train.train_and_evaluate(_tiny(train__stop_at_step=10), tmp_path)
-  with pytest.raises(ValueError, match='does not match this run'):
-    train.train_and_evaluate(_tiny(model__embedding_dim=4, model__bottom_mlp=(16, 4)), tmp_path)
