@@ -5,9 +5,16 @@ r"""Trains a DLRM on R replicas and evaluates it: the framework's main binary.
 
 Rerunning with the same --workdir resumes from its newest checkpoint. Results: WORKDIR/summary.json,
 WORKDIR/metrics.jsonl and TensorBoard events (`tensorboard --logdir=WORKDIR`).
+
+One process of a multi-process job (`experiments.launch` starts them on one machine; BUILD.md shows several hosts):
+
+  python -m experiments.train --coordinator_address=HOST0:PORT --num_processes=N --process_id=I --workdir=... \
+      --config.num_replicas=R ...     # every process: the same flags but its own --process_id
 """
 
 import json
+import sys
+import traceback
 
 from absl import app
 from absl import flags
@@ -16,7 +23,13 @@ import jax
 from ml_collections import config_flags
 
 flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and summary.json.', required=True)
-flags.DEFINE_integer('cpu_devices', 8, 'Virtual devices to create when running on CPU (each hosts one replica).')
+flags.DEFINE_integer('cpu_devices', 8, 'Virtual devices to create when running on CPU (each hosts one replica); '
+                     'per process in a multi-process job.')
+flags.DEFINE_string('coordinator_address', None, 'host:port of process 0, for a job of several processes.')
+flags.DEFINE_integer('num_processes', 1, 'Processes in the job (jax.distributed); 1 = this process alone.')
+flags.DEFINE_integer('process_id', 0, 'This process\'s index in the job, 0 .. num_processes - 1.')
+flags.DEFINE_float('peer_timeout_s', 30.0, 'Stop when another process of the job has given no sign of life for '
+                   'this long (it died, was killed or hangs).')
 config_flags.DEFINE_config_file('config', 'experiments/configs/default.py', 'Experiment config file.',
                                 lock_config=True)
 FLAGS = flags.FLAGS
@@ -28,8 +41,24 @@ def main(argv):
   if not FLAGS['verbosity'].present:  # orbax logs every save at INFO; keep the console to progress and results.
     logging.set_verbosity(logging.WARNING)
   jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
-  from shadowsync_jax import train  # pylint: disable=g-import-not-at-top  (after the device count is set)
-  summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  from shadowsync_jax import distributed  # pylint: disable=g-import-not-at-top  (after the device count is set)
+  from shadowsync_jax import train  # pylint: disable=g-import-not-at-top
+  if FLAGS.num_processes > 1:
+    if not FLAGS.coordinator_address:
+      raise app.UsageError('--num_processes > 1 needs --coordinator_address=HOST:PORT (of process 0).')
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.peer_timeout_s)
+  try:
+    summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except BaseException as error:  # pylint: disable=broad-except
+    if FLAGS.num_processes == 1:
+      raise
+    traceback.print_exc()
+    sys.stderr.flush()
+    sys.stdout.flush()
+    distributed.fail(error)  # Names the peer that is gone, or tells the peers; exits either way.
+  distributed.finish()
+  if FLAGS.process_id != 0:  # Process 0 prints the results (and wrote summary.json).
+    return
   print(json.dumps({k: v for k, v in summary.items() if k != 'config'}, indent=2))
   if summary.get('eval_ne') is not None:
     floor = summary['bayes_ne']

@@ -3,14 +3,16 @@
   checkpointer = Checkpointer(workdir / 'checkpoints', every_steps=500)
   restored = checkpointer.restore_latest(abstract_state)   # (state, data_step) or None on a fresh workdir
   for step in ...:
-    checkpointer.maybe_save(step, state)                   # returns at once; orbax writes in the background
+    if checkpointer.due(step):
+      checkpointer.save(step, state)                       # returns at once; orbax writes in the background
   checkpointer.close()                                     # waits for the last save
 
 A checkpoint holds two items: `state` (any pytree of arrays: in training, the stacked replica train state and the
 sync state, restored with the shardings of `abstract_state`) and `data` (JSON: the stream position, i.e. the
 global step the next batch starts at). Orbax
 writes each checkpoint into a temporary directory and renames it when complete, so a process killed mid-save
-leaves the previous checkpoint as the newest complete one.
+leaves the previous checkpoint as the newest complete one. In a job of several processes every process calls the
+same methods at the same steps with job-wide arrays; each writes its own replicas' shards.
 """
 
 import pathlib
@@ -54,10 +56,13 @@ class Checkpointer:
           f'checkpoint directory to start over. Orbax said: {error}') from error
     return restored.state, int(restored.data['step'])
 
-  def maybe_save(self, step: int, state: PyTree, force: bool = False) -> bool:
-    """Starts an async save of `state` as the position `step` when it is due (or forced); True if started."""
-    due = self._every_steps > 0 and step % self._every_steps == 0
-    if not (due or force) or step == self._manager.latest_step():
+  def due(self, step: int) -> bool:
+    """Whether `step` is a periodic save point."""
+    return self._every_steps > 0 and step % self._every_steps == 0
+
+  def save(self, step: int, state: PyTree) -> bool:
+    """Starts an async save of `state` as the position `step`, unless that step is saved already; True if started."""
+    if step == self._manager.latest_step():
       return False
     return self._manager.save(
         step,

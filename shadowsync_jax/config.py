@@ -74,6 +74,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.sync.embedding_placement = 'replicated'  # 'replicated' (a table per replica) or 'shared' (one table per
   #                                                 process, updated every step by all local replicas' gradients).
 
+  config.straggler = ml_collections.ConfigDict()
+  config.straggler.process = -1  # The process made slower (-1 = none): a straggler, to study sync under one.
+  config.straggler.slowdown = 1.0  # How many times slower that process's steps are (it sleeps after each step).
+
   config.train = ml_collections.ConfigDict()
   config.train.log_every_steps = 100  # Steps between scalar writes (loss, examples/sec) to the metric stream.
   config.train.progress_every_s = 5.0  # Seconds between progress lines on stdout.
@@ -85,17 +89,25 @@ def base_config() -> ml_collections.ConfigDict:
   return config
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
-  """Raises ConfigError naming the first bad key; returns quietly when the config is runnable."""
+def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1) -> None:
+  """Raises ConfigError naming the first bad key; returns quietly when the config is runnable by a job of
+  `num_processes` processes with `num_devices` devices in all (evenly spread over the processes)."""
   _check_known_keys(config)
   _check_data(config)
   _check_model(config)
   _check_optimizer(config)
   _check_sync(config)
+  _check_straggler(config, num_processes)
   _check_train(config)
   if not 1 <= config.num_replicas <= num_devices:
     raise ConfigError(f'num_replicas={config.num_replicas} must be between 1 and the device count ({num_devices}); '
                       'on CPU, more devices come from --cpu_devices (jax_num_cpu_devices).')
+  if config.num_replicas % num_processes:
+    raise ConfigError(f'num_replicas={config.num_replicas} must be a multiple of the process count '
+                      f'({num_processes}): every process trains the same number of replicas.')
+  if config.num_replicas // num_processes > num_devices // num_processes:
+    raise ConfigError(f'num_replicas={config.num_replicas} puts {config.num_replicas // num_processes} replicas on '
+                      f'each process, which has {num_devices // num_processes} devices.')
   if config.batch_size <= 0:
     raise ConfigError(f'batch_size={config.batch_size} must be positive.')
   global_batch = config.num_replicas * config.batch_size
@@ -195,6 +207,14 @@ def _check_sync(config: ml_collections.ConfigDict) -> None:
                       'for elastic averaging to be stable.')
   if sync.block_momentum >= 1:
     raise ConfigError(f'sync.block_momentum={sync.block_momentum} must be < 1 (negative = 1 - 1/R).')
+
+
+def _check_straggler(config: ml_collections.ConfigDict, num_processes: int) -> None:
+  if not -1 <= config.straggler.process < num_processes:
+    raise ConfigError(f'straggler.process={config.straggler.process} must be -1 (none) or a process index below '
+                      f'the process count ({num_processes}).')
+  if not config.straggler.slowdown >= 1:
+    raise ConfigError(f'straggler.slowdown={config.straggler.slowdown} must be >= 1 (times slower).')
 
 
 def _check_train(config: ml_collections.ConfigDict) -> None:

@@ -1,6 +1,6 @@
 """Evaluation of the consensus model on the held-out set, beside the Bayes NE floor of synthetic data.
 
-  results = evaluation.evaluate(config, driver.consensus(state_R.params), state_R.params, eval_source)
+  results = evaluation.evaluate(config, consensus_params, params_R, eval_source)  # host arrays; params_R may be None
   results['ne'], results['auc'], results['logloss'], results['calibration'], results['bayes_ne']
 
 The consensus model comes from the sync driver: the replica mean, the EA center, or the single model of sync

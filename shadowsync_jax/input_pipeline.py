@@ -64,20 +64,29 @@ def num_steps(num_train_examples: int, num_replicas: int, batch_size: int) -> in
   return num_train_examples // (num_replicas * batch_size)
 
 
-def read_global_batch(source: Source, num_replicas: int, batch_size: int, step: int) -> Batch:
-  """Global step `step`: one contiguous read of R B examples, reshaped so that row r is replica r's slice."""
-  flat = source.read(step * num_replicas * batch_size, num_replicas * batch_size)
-  return Batch(*(field.reshape(num_replicas, batch_size, *field.shape[1:]) for field in flat))
+def read_global_batch(source: Source, num_replicas: int, batch_size: int, step: int,
+                      replicas: range | None = None) -> Batch:
+  """Global step `step` for the replicas in `replicas` (default: all R, in order): one contiguous read, reshaped so
+  that row i is the slice of replica `replicas[i]`."""
+  replicas = range(num_replicas) if replicas is None else replicas
+  flat = source.read((step * num_replicas + replicas.start) * batch_size, len(replicas) * batch_size)
+  return Batch(*(field.reshape(len(replicas), batch_size, *field.shape[1:]) for field in flat))
 
 
 def train_batches(source: Source, num_replicas: int, batch_size: int, num_train_examples: int,
-                  start_step: int = 0, prefetch: int = 2) -> Iterator[Batch]:
+                  start_step: int = 0, prefetch: int = 2, replicas: range | None = None) -> Iterator[Batch]:
   """Global batches [R, B, ...] for steps start_step .. N // (R B) - 1, produced by `prefetch` grain threads ahead
-  of the consumer (0 = synchronously in the caller's thread). Errors in the threads are raised by `next`."""
+  of the consumer (0 = synchronously in the caller's thread). Errors in the threads are raised by `next`.
+
+  `replicas` (a contiguous range, default all R) keeps only those replicas' rows: a process of a multi-process job
+  reads its own replicas' slices and nothing else.
+  """
   steps = num_steps(num_train_examples, num_replicas, batch_size)
   if not 0 <= start_step <= steps:
     raise ValueError(f'start_step={start_step} is outside the {steps} steps of the training stream.')
-  read_step = functools.partial(read_global_batch, source, num_replicas, batch_size)
+  if replicas is not None and not (replicas.step == 1 and 0 <= replicas.start < replicas.stop <= num_replicas):
+    raise ValueError(f'replicas={replicas} must be a non-empty contiguous range within the {num_replicas} replicas.')
+  read_step = functools.partial(read_global_batch, source, num_replicas, batch_size, replicas=replicas)
   dataset = grain.MapDataset.range(start_step, steps).map(read_step)
   return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=prefetch, prefetch_buffer_size=prefetch)))
 

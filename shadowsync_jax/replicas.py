@@ -8,12 +8,30 @@
 
 Inside the step each device sees its own replica with the leading axis removed, so `step_fn` is the plain
 one-replica step; collectives over `REPLICA_AXIS` (sync SGD) are the only coupling between replicas.
+
+Several processes (`jax.distributed`): the job's R replicas are split evenly, process p holding replicas
+[p L, (p + 1) L) on its first L local devices. Two meshes name the same replica axis:
+
+  meshes = replicas.make_meshes(num_replicas)   # .local: this process's L replicas; .job: all R of the job
+  state_L = ...                                 # the train state lives on meshes.local: steps stay process-local
+  params_R = replicas.to_job(params_L, meshes)  # the same buffers seen as the job's [R, ...] array (no copy)
+  params_L = replicas.to_local(params_R, meshes)
+
+A sync round, sync SGD's step and the final consensus run on `meshes.job`; everything else on `meshes.local`. With
+one process the two meshes are one object and the conversions return their argument.
+
+Across processes, two threads issuing collectives pair calls with the wrong partners (DESIGN §3). While a thread
+has reserved them (`reserve_collectives`: the shadow thread, from start to finish), the job-wide functions here and
+in the sync drivers raise CollectiveThreadError when called from any other thread.
 """
 
-from typing import Any, Callable
+import functools
+import threading
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 REPLICA_AXIS = 'replica'
@@ -29,6 +47,55 @@ def make_mesh(num_replicas: int, devices: list[jax.Device] | None = None) -> Mes
   # Auto axis: shardings are placed by jit, not carried in types, so plain indexing works on replica arrays.
   return jax.make_mesh((num_replicas,), (REPLICA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=devices[:num_replicas])
+
+
+class ReplicaMeshes(NamedTuple):
+  """The replica axis as this process sees it (`local`) and as the whole job does (`job`)."""
+  local: Mesh
+  job: Mesh
+
+
+def make_meshes(num_replicas: int) -> ReplicaMeshes:
+  """`num_replicas` job replicas split evenly over the processes, each on its own first local devices."""
+  num_processes = jax.process_count()
+  if num_replicas % num_processes:
+    raise ValueError(f'num_replicas={num_replicas} must be a multiple of the process count ({num_processes}).')
+  per_process = num_replicas // num_processes
+  local = make_mesh(per_process, sorted(jax.local_devices(), key=lambda d: d.id))
+  if num_processes == 1:
+    return ReplicaMeshes(local, local)
+  by_process: dict[int, list[jax.Device]] = {}
+  for device in sorted(jax.devices(), key=lambda d: d.id):
+    by_process.setdefault(device.process_index, []).append(device)
+  if any(len(devices) < per_process for devices in by_process.values()):
+    raise ValueError(f'num_replicas={num_replicas} needs {per_process} devices on each of the {num_processes} '
+                     f'processes; they have {[len(d) for _, d in sorted(by_process.items())]}.')
+  job_devices = [d for _, devices in sorted(by_process.items()) for d in devices[:per_process]]
+  return ReplicaMeshes(local, make_mesh(num_replicas, job_devices))
+
+
+def to_job(tree_L: PyTree, meshes: ReplicaMeshes) -> PyTree:
+  """This process's replicas [L, ...] as its part of the job-wide [R, ...] arrays (the same device buffers)."""
+  if meshes.job is meshes.local:
+    return tree_L
+  return _reassemble(tree_L, meshes.job)
+
+
+def to_local(tree_R: PyTree, meshes: ReplicaMeshes) -> PyTree:
+  """The job-wide [R, ...] arrays cut down to this process's replicas [L, ...] (the same device buffers)."""
+  if meshes.job is meshes.local:
+    return tree_R
+  return _reassemble(tree_R, meshes.local)
+
+
+def _reassemble(tree: PyTree, mesh: Mesh) -> PyTree:
+  sharding, num_replicas = replica_sharding(mesh), mesh.shape[REPLICA_AXIS]
+
+  def one(x):
+    shards = [shard.data for shard in x.addressable_shards]
+    return jax.make_array_from_single_device_arrays((num_replicas, *x.shape[1:]), sharding, shards)
+
+  return jax.tree.map(one, tree)
 
 
 def replica_sharding(mesh: Mesh) -> NamedSharding:
@@ -65,6 +132,57 @@ def make_replicated_step(step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTre
 def replica_mean(params_R: PyTree) -> PyTree:
   """The average of the replicas, one tree without the leading axis."""
   return jax.tree.map(lambda x: jnp.mean(x, axis=0), params_R)
+
+
+class CollectiveThreadError(RuntimeError):
+  """A job-wide collective called from a thread other than the one that reserved them."""
+
+
+_collective_thread: threading.Thread | None = None
+
+
+def reserve_collectives(thread: threading.Thread | None) -> None:
+  """From now on only `thread` may issue job-wide collectives (None: any thread, one at a time, as before)."""
+  global _collective_thread
+  _collective_thread = thread
+
+
+def check_collective_thread(what: str) -> None:
+  """Raises CollectiveThreadError if another thread than the calling one has reserved the job's collectives."""
+  owner = _collective_thread
+  if owner is not None and owner.is_alive() and owner is not threading.current_thread():
+    raise CollectiveThreadError(
+        f'{what} is a job-wide collective, called from thread {threading.current_thread().name!r} while thread '
+        f'{owner.name!r} owns them: across processes two threads issuing collectives mismatch their partners.')
+
+
+def job_mean(params_L: PyTree, meshes: ReplicaMeshes) -> PyTree:
+  """The average of all the job's replicas, one tree without the leading axis, whole on every device of the job
+  (a collective across processes: call it from one thread per process, in the same order everywhere)."""
+  return whole_on_job(replica_mean, meshes)(to_job(params_L, meshes))
+
+
+def whole_on_job(fn: Callable[..., PyTree], meshes: ReplicaMeshes) -> Callable[..., PyTree]:
+  """`fn` jitted so that its results are whole on every device of the job (readable with `fetch` everywhere); a
+  job-wide collective (see `reserve_collectives`)."""
+  jitted = _whole_on(fn, meshes.job)
+
+  def call(*args):
+    check_collective_thread(getattr(fn, '__name__', 'a job-wide function'))
+    return jitted(*args)
+
+  return call
+
+
+@functools.cache
+def _whole_on(fn: Callable[..., PyTree], mesh: Mesh) -> Callable[..., PyTree]:
+  return jax.jit(fn, out_shardings=NamedSharding(mesh, P()))
+
+
+def fetch(tree: PyTree) -> PyTree:
+  """A tree of arrays whole on every device (e.g. a consensus computed on the job mesh) as host numpy arrays,
+  read from this process's own copy."""
+  return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)) if x.is_fully_replicated else np.asarray(x), tree)
 
 
 def unstack(tree_R: PyTree) -> list[PyTree]:

@@ -1,17 +1,22 @@
 """ShadowSync (Zheng et al. 2020, arXiv:2003.03477): sync rounds in a background thread, off the training path.
 
-  driver = ShadowSync(algorithm, 'ma', mesh, groups=('mlp',), min_interval_s=0.0)
-  driver.start(state_R, driver.initial_sync_state(state_R))   # starts the thread
+  driver = ShadowSync(algorithm, 'ma', meshes, groups=('mlp',), min_interval_s=0.0)
+  driver.start(state_L, driver.initial_sync_state(state_L))   # starts the thread
   for step in ...:
-    state_R, _ = train_step(state_R, batch_R)    # no cross-replica collective in here
-    state_R = driver.after_step(step, state_R)   # never waits for a round
-  state_R = driver.finish(state_R)               # stops and joins the thread
+    state_L, _ = train_step(state_L, batch_L)    # no cross-replica collective in here
+    state_L = driver.after_step(step, state_L)   # never waits for a round
+  state_L = driver.finish(state_L)               # last rounds with every process, then joins the thread
 
 A round: the thread asks for a snapshot; at its next step boundary the training loop dispatches a copy `s` of the
 synced params (a copy, so donating the params to the next step cannot delete what the thread reads) and hands it
 over; the thread computes the synced `s'` (its collectives are the only ones) and posts `(s, s')`; at the next step
 boundary after that, the loop merges `w <- w + (s' - s)`, keeping the local steps made while the round ran. An
 exception in the thread is re-raised by `after_step` at the first step boundary after it happened.
+
+Several processes: each runs one such thread, and the threads are the only issuers of cross-process collectives
+(DESIGN §3), one round after the other, so round n of every process meets round n of the others. A process whose
+stream is done keeps serving snapshots from `finish` until every process is done: each round also agrees, by a
+collective, on whether all processes have finished, and all threads stop after that same round.
 """
 
 import queue
@@ -20,6 +25,9 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+import numpy as np
 
 from shadowsync_jax import replicas
 from shadowsync_jax import sync_algorithms
@@ -27,6 +35,7 @@ from shadowsync_jax import sync_drivers
 
 PyTree = Any
 _POLL_S = 0.05  # How often a waiting thread checks whether it was asked to stop.
+_ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
 
 
 @jax.jit
@@ -38,61 +47,83 @@ def _copy(tree: PyTree) -> PyTree:
   return jax.tree.map(lambda x: x.copy(), tree)
 
 
+def _all_done_agreement(meshes: replicas.ReplicaMeshes):
+  """`all_done(done) -> bool`: whether every process of the job is done; a collective when there are several."""
+  if meshes.job is meshes.local:
+    return lambda done: done
+  job_min = jax.jit(jnp.min, out_shardings=NamedSharding(meshes.job, P()))
+  flag_sharding = replicas.replica_sharding(meshes.job)
+  num_local = meshes.local.shape[replicas.REPLICA_AXIS]
+
+  def all_done(done: bool) -> bool:
+    flags_R = jax.make_array_from_process_local_data(flag_sharding, np.full((num_local,), done, np.int32))
+    return bool(replicas.fetch(job_min(flags_R)))
+
+  return all_done
+
+
 class ShadowSync:
   """`shadow_*`: one background thread loops rounds, no faster than one per `min_interval_s`."""
 
-  def __init__(self, algorithm: sync_algorithms.SyncAlgorithm, name: str, mesh, groups: tuple[str, ...],
-               min_interval_s: float = 0.0):
-    self._name, self._groups, self._min_interval_s = name, groups, min_interval_s
-    self._init_R, self._sync_R = sync_algorithms.stacked(algorithm, mesh)
-    self._consensus_R = sync_algorithms.stacked_consensus(name, mesh)
+  def __init__(self, algorithm: sync_algorithms.SyncAlgorithm, name: str, meshes: replicas.ReplicaMeshes,
+               groups: tuple[str, ...], min_interval_s: float = 0.0):
+    self._name, self._meshes, self._groups, self._min_interval_s = name, meshes, groups, min_interval_s
+    self._init_R, self._sync_R = sync_algorithms.stacked(algorithm, meshes.job)
+    self._consensus_R = sync_algorithms.stacked_consensus(name, meshes.job)
+    self._all_done = _all_done_agreement(meshes)
     self._sync_state_R = None  # That of the last merged round; the thread runs ahead on its own copy.
     self._snapshot_wanted = threading.Event()
     self._snapshots: queue.Queue = queue.Queue(maxsize=1)
     self._results: queue.Queue = queue.Queue(maxsize=1)
-    self._stop = threading.Event()
+    self._stop = threading.Event()  # Abandon rounds now (the run failed).
+    self._done = threading.Event()  # This process trained its whole stream; rounds go on until all processes are.
     self._error: BaseException | None = None
     self._failed = threading.Event()
     self._thread: threading.Thread | None = None
     self._gaps = sync_drivers.GapTracker()
 
-  def initial_sync_state(self, state_R: Any) -> PyTree:
-    return self._init_R(sync_drivers.select(state_R.params, self._groups))
+  def initial_sync_state(self, state_L: Any) -> PyTree:
+    return self._init_R(replicas.to_job(sync_drivers.select(state_L.params, self._groups), self._meshes))
 
-  def start(self, state_R: Any, sync_state_R: PyTree) -> None:
+  def start(self, state_L: Any, sync_state_R: PyTree) -> None:
     self._sync_state_R = sync_state_R
-    self._gaps.reset(int(state_R.step[0]))
+    self._gaps.reset(int(state_L.step[0]))
     self._thread = threading.Thread(target=self._run, name='shadow-sync', daemon=True)
+    replicas.reserve_collectives(self._thread)  # Until finish: the thread is the only issuer of collectives.
     self._thread.start()
 
-  def after_step(self, step: int, state_R: Any) -> Any:
+  def after_step(self, step: int, state_L: Any) -> Any:
     """At a step boundary: raise the thread's error, merge a finished round, hand over a wanted snapshot."""
     self._raise_if_failed()
+    return self._step_boundary(state_L, step)
+
+  def finish(self, state_L: Any, abandon: bool = False) -> Any:
+    """Ends the rounds and joins the thread; raises its error if it failed.
+
+    Normally this process's last params keep serving snapshots until every process of the job has finished its
+    stream, and the rounds finished meanwhile are merged (they count as rounds, not as sync gaps). `abandon` (the run is
+    failing) drops the round in flight and returns within seconds, without raising the thread's error.
+    """
+    if self._thread is None:
+      return state_L
+    if abandon:  # The thread may be stuck in a collective with a dead process: wait a little, not forever.
+      self._stop.set()
+      self._thread.join(timeout=_ABANDON_JOIN_S)
+      replicas.reserve_collectives(None)
+      return state_L
+    self._done.set()
     try:
-      snapshot_R, synced_R, sync_state_R, latency_s = self._results.get_nowait()
-    except queue.Empty:
-      pass
-    else:
-      synced_groups = _merge(sync_drivers.select(state_R.params, self._groups), snapshot_R, synced_R)
-      state_R = state_R._replace(params=sync_drivers.with_synced(state_R.params, synced_groups))
-      self._sync_state_R = sync_state_R
-      self._gaps.merged(step, latency_s)
-    if self._snapshot_wanted.is_set():
-      self._snapshot_wanted.clear()
-      self._snapshots.put(_copy(sync_drivers.select(state_R.params, self._groups)))
-    return state_R
-
-  def finish(self, state_R: Any) -> Any:
-    """Stops and joins the thread (a round in flight is dropped, sync state and all); raises its error if it failed."""
-    self._stop.set()
-    if self._thread is not None:
-      self._thread.join()
+      while self._thread.is_alive():
+        self._raise_if_failed()
+        state_L = self._step_boundary(state_L, step=None)
+        self._thread.join(timeout=_POLL_S)
+    finally:
+      replicas.reserve_collectives(None)
     self._raise_if_failed()
-    return state_R
+    return self._step_boundary(state_L, step=None)
 
-  def consensus(self, params_R: PyTree) -> PyTree:
-    synced = self._consensus_R(sync_drivers.select(params_R, self._groups), self._sync_state_R)
-    return sync_drivers.with_synced(replicas.replica_mean(params_R), synced)
+  def consensus(self, params_L: PyTree) -> PyTree:
+    return sync_drivers.consensus(self._consensus_R, self._groups, params_L, self._sync_state_R, self._meshes)
 
   def stats(self) -> dict[str, Any]:
     return self._gaps.stats()
@@ -113,18 +144,38 @@ class ShadowSync:
     if self._failed.is_set():
       raise self._error
 
+  def _step_boundary(self, state_L: Any, step: int | None) -> Any:
+    """Merges a finished round (a sync gap unless `step` is None: after training), then hands over a wanted
+    snapshot."""
+    try:
+      snapshot_L, synced_L, sync_state_R, latency_s = self._results.get_nowait()
+    except queue.Empty:
+      pass
+    else:
+      synced_groups = _merge(sync_drivers.select(state_L.params, self._groups), snapshot_L, synced_L)
+      state_L = state_L._replace(params=sync_drivers.with_synced(state_L.params, synced_groups))
+      self._sync_state_R = sync_state_R
+      self._gaps.merged(step, latency_s)
+    if self._snapshot_wanted.is_set():
+      self._snapshot_wanted.clear()
+      self._snapshots.put((_copy(sync_drivers.select(state_L.params, self._groups)), self._done.is_set()))
+    return state_L
+
   def _run(self) -> None:
     sync_state_R = self._sync_state_R
     try:
       while not self._stop.is_set():
         round_start = time.monotonic()
-        snapshot_R = self._next_snapshot()
-        if snapshot_R is None:
+        handed_over = self._next_snapshot()
+        if handed_over is None:
           return
+        snapshot_L, done = handed_over
         started = time.perf_counter()
-        synced_R, sync_state_R = self._sync_R(snapshot_R, sync_state_R)
-        jax.block_until_ready(synced_R)
-        if not self._put_result((snapshot_R, synced_R, sync_state_R, time.perf_counter() - started)):
+        all_done = self._all_done(done)
+        synced_R, sync_state_R = self._sync_R(replicas.to_job(snapshot_L, self._meshes), sync_state_R)
+        synced_L = replicas.to_local(synced_R, self._meshes)
+        jax.block_until_ready(synced_L)
+        if not self._put_result((snapshot_L, synced_L, sync_state_R, time.perf_counter() - started)) or all_done:
           return
         self._stop.wait(max(0.0, self._min_interval_s - (time.monotonic() - round_start)))
     except BaseException as error:  # pylint: disable=broad-except  (handed to the training thread as it is)

@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 from jax import lax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from shadowsync_jax import replicas
 
@@ -172,12 +172,14 @@ def stacked(algorithm: SyncAlgorithm, mesh: Mesh, donate: bool = False
 
 
 def stacked_consensus(name: str, mesh: Mesh) -> Callable[[PyTree, PyTree], PyTree]:
-  """jit(shard_map) of `consensus_params` on stacked params and state; returns one copy, no leading axis."""
+  """jit(shard_map) of `consensus_params` on stacked params and state; returns one copy, no leading axis, whole on
+  every device of `mesh`."""
   spec = P(replicas.REPLICA_AXIS)
 
   def consensus_one(params_1, state_1):
     return replicas.unsqueeze(consensus_params(name, replicas.squeeze(params_1), replicas.squeeze(state_1)))
 
   per_replica = jax.shard_map(consensus_one, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
-  return jax.jit(lambda params_R, state_R: replicas.squeeze(per_replica(params_R, state_R)))
+  return jax.jit(lambda params_R, state_R: replicas.squeeze(per_replica(params_R, state_R)),
+                 out_shardings=NamedSharding(mesh, P()))
 

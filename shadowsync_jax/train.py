@@ -8,14 +8,21 @@
 `train_and_evaluate` validates the config before anything compiles, resumes from the newest checkpoint in
 `workdir/checkpoints` if there is one, streams scalars to `workdir` (TensorBoard events and `metrics.jsonl`),
 prints a progress line, and writes `workdir/summary.json` (DESIGN §9) when the stream is done.
+
+In a job of several processes (`distributed.initialize` first; `experiments.launch` starts them) every process
+calls it with the same config and workdir: each trains its own replicas on its own part of the stream, the sync
+driver couples them, all of them evaluate the same consensus model, and process 0 writes the metrics and
+`summary.json`. Every process returns the summary.
 """
 
+import hashlib
 import json
 import pathlib
 import time
 from typing import Any
 
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 import optax
@@ -30,6 +37,7 @@ from shadowsync_jax import model as model_lib
 from shadowsync_jax import progress
 from shadowsync_jax import replicas
 from shadowsync_jax import step as step_lib
+from shadowsync_jax import straggler
 from shadowsync_jax import sync_drivers
 
 
@@ -43,7 +51,8 @@ def make_optimizers(config: ml_collections.ConfigDict):
 
 
 def init_replicated_state(config: ml_collections.ConfigDict, mesh) -> step_lib.TrainState:
-  """R replicas of one freshly initialized train state (all replicas start from the same model)."""
+  """A copy of one freshly initialized train state per replica of `mesh` (all replicas of the job start from the
+  same model: every process builds it from the same seed)."""
   mlp_optimizer, embedding_optimizer = make_optimizers(config)
   state = step_lib.init_train_state(
       jax.random.key(config.seed), model_lib.from_config(config.model), list(config.data.cardinalities), config.model.embedding_dim,
@@ -51,16 +60,30 @@ def init_replicated_state(config: ml_collections.ConfigDict, mesh) -> step_lib.T
   return replicas.replicate(state, mesh)
 
 
-def make_train_step(config: ml_collections.ConfigDict, mesh):
-  """The jitted step over all replicas; sync SGD averages gradients across them every step, and shared embedding
-  placement applies all replicas' sparse gradients to every copy of the table."""
+def make_train_step(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes):
+  """`train_step(state_L, batch_L) -> (state_L, metrics_L)`, jitted over this process's replicas (the batch placed
+  on `meshes.local` with `replicas.shard`).
+
+  It stays inside the process (`meshes.local`), with one exception: sync SGD averages gradients across all the
+  job's replicas every step (`meshes.job`). Shared embedding placement applies all the process's replicas' sparse
+  gradients to every copy of the table.
+  """
   mlp_optimizer, embedding_optimizer = make_optimizers(config)
   grad_axis = replicas.REPLICA_AXIS if config.sync.algorithm == 'sync_sgd' else None
   shared_axis = replicas.REPLICA_AXIS if config.sync.embedding_placement == 'shared' else None
   step_fn = step_lib.make_train_step(model_lib.from_config(config.model), list(config.data.cardinalities), mlp_optimizer,
                                      embedding_optimizer, grad_axis_name=grad_axis,
                                      shared_embedding_axis_name=shared_axis)
-  return replicas.make_replicated_step(step_fn, mesh)
+  step_mesh = meshes.job if config.sync.algorithm == 'sync_sgd' else meshes.local
+  replicated_step = replicas.make_replicated_step(step_fn, step_mesh)
+  if step_mesh is meshes.local:
+    return replicated_step
+
+  def across_processes(state_L, batch_L):
+    state_R, metrics_R = replicated_step(replicas.to_job(state_L, meshes), replicas.to_job(batch_L, meshes))
+    return replicas.to_local(state_R, meshes), replicas.to_local(metrics_R, meshes)
+
+  return across_processes
 
 
 class _LossWindow:
@@ -83,31 +106,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   When `config.train.stop_at_step` stops the run early, returns {'stopped_at_step': step} and writes no summary.
   """
   wall_start = time.perf_counter()
-  config_lib.validate(config, num_devices=len(jax.devices()))
+  num_processes, process_index = jax.process_count(), jax.process_index()
+  config_lib.validate(config, num_devices=len(jax.devices()), num_processes=num_processes)
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   num_replicas, batch_size = config.num_replicas, config.batch_size
+  num_local = num_replicas // num_processes
   examples_per_step = num_replicas * batch_size
   total_steps = input_pipeline.num_steps(config.data.num_train_examples, num_replicas, batch_size)
   stop_step = min(config.train.stop_at_step or total_steps, total_steps)
 
-  mesh = replicas.make_mesh(num_replicas)
-  state = init_replicated_state(config, mesh)
+  meshes = replicas.make_meshes(num_replicas)
+  state = init_replicated_state(config, meshes.local)
   checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints', config.train.checkpoint_every_steps)
-  driver = sync_drivers.make_driver(config, mesh)
+  driver = sync_drivers.make_driver(config, meshes)
   sync_state = driver.initial_sync_state(state)
-  restored = checkpointer.restore_latest(checkpointing.abstract_like(_checkpointed(state, sync_state)))
+  restored = checkpointer.restore_latest(checkpointing.abstract_like(_checkpointed(state, sync_state, meshes)))
   start_step = 0
   if restored is not None:
     tree, start_step = restored
-    state, sync_state = tree['train'], tree.get('sync')
+    state, sync_state = replicas.to_local(tree['train'], meshes), tree.get('sync')
     print(f'Resumed from the checkpoint at step {start_step} of {total_steps} in {workdir}.')
-  train_step = make_train_step(config, mesh)
+  train_step = make_train_step(config, meshes)
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
   batches = input_pipeline.train_batches(train_source, num_replicas, batch_size, config.data.num_train_examples,
-                                         start_step=start_step)
-  writer = metric_writer.MetricWriter(workdir, enabled=jax.process_index() == 0)
+                                         start_step=start_step,
+                                         replicas=range(process_index * num_local, (process_index + 1) * num_local))
+  writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
   progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
+  delay = straggler.Straggler(config.straggler.slowdown if config.straggler.process == process_index else 1.0)
 
   driver.start(state, sync_state)
   step, window = start_step, _LossWindow()
@@ -116,7 +143,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     for batch in batches:
       if step >= stop_step:
         break
-      state, metrics = train_step(state, replicas.shard(batch, mesh))
+      state, metrics = train_step(state, replicas.shard(batch, meshes.local))
+      delay.after_step(metrics)
       step += 1
       state = driver.after_step(step, state)
       if pending_loss is not None:  # Step N-1's loss: reading it keeps the dispatch queue one step deep.
@@ -134,15 +162,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         writer.write_scalars(step, {
             'train_loss': window.loss_sum / window.steps,
             'examples_per_sec': window.steps * examples_per_step / (now - window.start),
+            # This process's replicas only: a job-wide figure would need a collective beside the shadow thread's.
             'replica_divergence': float(sync_drivers.replica_divergence(state.params)),
             **{k: v for k, v in driver.stats().items() if v is not None}})
         window.reset(now)
-      checkpointer.maybe_save(step, _checkpointed(state, driver.sync_state()))
-  finally:
-    state = driver.finish(state)
-  jax.block_until_ready(state)
-  timed_seconds = time.perf_counter() - timed_start if timed_start is not None else 0.0
-  checkpointer.maybe_save(step, _checkpointed(state, driver.sync_state()), force=True)
+      if checkpointer.due(step):
+        checkpointer.save(step, _checkpointed(state, driver.sync_state(), meshes))
+    jax.block_until_ready(state)
+    # This process's own pace: the time it waits below for slower processes is not part of it.
+    timed_seconds = time.perf_counter() - timed_start if timed_start is not None else 0.0
+  except BaseException:
+    driver.finish(state, abandon=True)
+    raise
+  state = driver.finish(state)  # Shadow rounds end together on every process: cross-process calls are safe below.
+  checkpointer.save(step, _checkpointed(state, driver.sync_state(), meshes))
   checkpointer.close()
   progress_line.finish()
 
@@ -151,8 +184,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     print(f'Stopped at step {step} of {total_steps}; rerun with the same workdir to resume.')
     return {'stopped_at_step': step}
 
-  eval_metrics = evaluation.evaluate(config, driver.consensus(state.params), state.params, eval_source)
-  examples_per_sec = timed_steps * examples_per_step / timed_seconds if timed_seconds > 0 else None
+  consensus = replicas.fetch(driver.consensus(state.params))
+  params_R = _gather_replicas(state.params, meshes) if config.train.eval_per_replica else None
+  eval_metrics = evaluation.evaluate(config, consensus, params_R, eval_source)
+  local_examples_per_sec = timed_steps * num_local * batch_size / timed_seconds if timed_seconds > 0 else 0.0
+  examples_per_sec_per_process = [float(x) for x in _gather_from_processes(local_examples_per_sec)]
   summary = {
       'eval_ne': eval_metrics['ne'],
       'eval_auc': eval_metrics['auc'],
@@ -160,27 +196,62 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       'eval_calibration': eval_metrics['calibration'],
       'bayes_ne': eval_metrics['bayes_ne'],
       'eval_ne_per_replica': eval_metrics.get('ne_per_replica'),
-      'examples_per_sec': examples_per_sec,
+      'examples_per_sec': sum(examples_per_sec_per_process) if timed_seconds > 0 else None,
+      'examples_per_sec_per_process': examples_per_sec_per_process,
       'train_examples': step * examples_per_step,
       'train_steps': step,
       'resumed_from_step': start_step,
       'num_replicas': num_replicas,
-      'num_processes': jax.process_count(),
+      'num_processes': num_processes,
       'sync_algorithm': config.sync.algorithm,
-      **driver.stats(),  # sync_rounds, mean_sync_gap, max_sync_gap, mean_round_latency_s
-      'replica_divergence': float(sync_drivers.replica_divergence(state.params)),
+      **driver.stats(),  # sync_rounds, mean_sync_gap, max_sync_gap, mean_round_latency_s (of process 0)
+      'replica_divergence': float(replicas.fetch(_job_replica_divergence(state.params, meshes))),
+      'consensus_fingerprint_per_process': [f'{int(x):08x}' for x in _gather_from_processes(_fingerprint(consensus))],
+      'straggler_sleep_s': delay.slept_s,
       'wall_time_s': time.perf_counter() - wall_start,
       'config': config.to_dict(),
   }
   writer.write_scalars(step, {f'eval_{k}': v for k, v in eval_metrics.items() if isinstance(v, (int, float))})
   writer.close()
-  (workdir / 'summary.json').write_text(json.dumps(summary, indent=2, default=_jsonable) + '\n')
+  if process_index == 0:
+    (workdir / 'summary.json').write_text(json.dumps(summary, indent=2, default=_jsonable) + '\n')
   return summary
 
 
-def _checkpointed(state_R: step_lib.TrainState, sync_state_R: Any) -> dict[str, Any]:
-  """What a checkpoint holds besides the data position: the train state and, for round-based sync, its state."""
+def _checkpointed(state_L: step_lib.TrainState, sync_state_R: Any, meshes: replicas.ReplicaMeshes) -> dict[str, Any]:
+  """What a checkpoint holds besides the data position: the job's train state and, for round-based sync, its state
+  (each process writes its own replicas)."""
+  state_R = replicas.to_job(state_L, meshes)
   return {'train': state_R} if sync_state_R is None else {'train': state_R, 'sync': sync_state_R}
+
+
+def _job_replica_divergence(params_L: Any, meshes: replicas.ReplicaMeshes) -> jax.Array:
+  return replicas.whole_on_job(sync_drivers.replica_divergence, meshes)(replicas.to_job(params_L, meshes))
+
+
+def _gather_replicas(params_L: Any, meshes: replicas.ReplicaMeshes) -> Any:
+  """Every replica of the job, [R, ...] host arrays, on every process."""
+  replicas.check_collective_thread('gathering the replicas')
+  if jax.process_count() == 1:
+    return jax.tree.map(np.asarray, params_L)
+  return multihost_utils.process_allgather(replicas.to_job(params_L, meshes))
+
+
+def _gather_from_processes(value: float | int) -> list:
+  """[value of process 0, value of process 1, ...] on every process."""
+  replicas.check_collective_thread('gathering from the processes')
+  if jax.process_count() == 1:
+    return [value]
+  return list(multihost_utils.process_allgather(np.asarray(value)))
+
+
+def _fingerprint(params: Any) -> np.uint32:
+  """32 bits of a hash of the model's bytes: equal on two processes when they hold the same model (and different,
+  but for a 2^-32 chance, when they do not)."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree.leaves(params):
+    digest.update(np.ascontiguousarray(leaf).tobytes())
+  return np.uint32(int.from_bytes(digest.digest()[:4], 'little'))  # 32 bits: JAX gathers without 64-bit types.
 
 
 def _jsonable(value: Any) -> Any:

@@ -105,7 +105,7 @@ def _holding_rounds(driver, monkeypatch, fail: BaseException | None = None):
 def _driver(name: str, num_replicas: int, groups=ALL, min_interval_s=0.0, algorithm=None):
   algorithm = algorithm or sync_algorithms.make(name, replicas.REPLICA_AXIS, num_replicas, elastic_alpha=0.1,
                                                 block_momentum=-1.0, block_lr=1.0)
-  return shadow_sync.ShadowSync(algorithm, name, replicas.make_mesh(num_replicas), groups, min_interval_s)
+  return shadow_sync.ShadowSync(algorithm, name, replicas.make_meshes(num_replicas), groups, min_interval_s)
 
 
 def _start(loop: Loop) -> threading.Thread:
@@ -169,8 +169,8 @@ def test_merge_keeps_the_local_steps_made_during_the_round(monkeypatch, name, nu
 
   final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   assert not thread.is_alive()
-  if name == 'ea':  # The consensus is the center of the last merged round (DESIGN §3), not of one dropped later.
-    last_merged = held.rounds[loop.driver.stats()['sync_rounds'] - 1]
+  if name == 'ea':  # The consensus is the center (DESIGN §3) of the last round, which finish ran and merged.
+    last_merged = held.rounds[-1]
     _assert_tree_close(loop.driver.consensus(final.params), jax.tree.map(lambda c: c[0], last_merged[2].center),
                        'ea consensus')
 
@@ -234,20 +234,34 @@ def test_finish_raises_an_error_no_step_saw(monkeypatch):
   assert not thread.is_alive()
 
 
-def test_finish_stops_a_thread_that_waits_for_a_snapshot():
+def test_finish_ends_with_a_round_on_the_final_params():
+  """`finish` hands the thread the final params, merges that last round and joins: under model averaging every
+  replica then holds the mean. Rounds merged after the last step count as rounds but not as sync gaps."""
+  loop = Loop(_driver('ma', 4), 4)
+  thread = _start(loop)
+  assert loop.driver._snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
+  final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  assert not thread.is_alive()
+  unsynced = loop.unsynced(loop.step)
+  _assert_tree_close(final.params, jax.tree.map(lambda w: np.broadcast_to(w.mean(axis=0), w.shape), unsynced),
+                     'params after finish')
+  assert loop.driver.stats()['sync_rounds'] >= 1 and loop.driver.stats()['mean_sync_gap'] is None
+
+
+def test_abandoning_stops_a_thread_that_waits_for_a_snapshot():
   loop = Loop(_driver('ma', 4), 4)
   thread = _start(loop)
   assert loop.driver._snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
   started = time.monotonic()
-  assert _within(10.0, lambda: loop.driver.finish(loop.state)) is loop.state
+  assert _within(10.0, lambda: loop.driver.finish(loop.state, abandon=True)) is loop.state
   assert not thread.is_alive()
   assert time.monotonic() - started < 10.0
   assert loop.driver.stats()['sync_rounds'] == 0
 
 
 @pytest.mark.parametrize('name', ['ma', 'ea'])
-def test_finish_drops_the_round_in_flight(monkeypatch, name):
-  """A round still running when training ends is dropped whole: neither its params nor its sync state are kept.
+def test_abandoning_drops_the_round_in_flight(monkeypatch, name):
+  """A failing run abandons the round still running: neither its params nor its sync state are kept.
 
   Keeping the sync state of a round whose params were dropped (the EA center pulled toward replicas that were not
   pulled back) would make the checkpointed pair (train state, sync state) disagree.
@@ -257,7 +271,7 @@ def test_finish_drops_the_round_in_flight(monkeypatch, name):
     thread = _start(loop)
     initial_sync_state = jax.tree.map(np.asarray, loop.driver.sync_state())
     loop.advance_until(held.entered.is_set, 'the first snapshot')
-  final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state, abandon=True))
   assert not thread.is_alive() and len(held.rounds) == 1
   _assert_tree_close(final.params, loop.unsynced(loop.step), 'params after finish')
   _assert_tree_close(loop.driver.sync_state(), initial_sync_state, 'sync state after finish')
@@ -361,3 +375,18 @@ def test_min_interval_bounds_the_round_rate():
   rounds = loop.driver.stats()['sync_rounds']
   _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   assert 2 <= rounds <= math.floor(elapsed_s / interval_s) + 1, (rounds, elapsed_s)
+
+
+def test_only_the_shadow_thread_may_issue_job_wide_collectives():
+  """DESIGN §3's hard rule: from start to finish the thread owns the collectives; the consensus (a collective) called
+  from the training thread meanwhile raises instead of mismatching partners across processes."""
+  loop = Loop(_driver('ma', 4), 4)
+  _start(loop)
+  loop.run(3)
+  with pytest.raises(replicas.CollectiveThreadError, match='shadow-sync'):
+    loop.driver.consensus(loop.state.params)
+  with pytest.raises(replicas.CollectiveThreadError):
+    replicas.job_mean(loop.state.params, replicas.make_meshes(4))
+  loop.state = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  consensus = replicas.fetch(loop.driver.consensus(loop.state.params))  # After finish: the training thread's again.
+  _assert_tree_close(consensus, jax.tree.map(lambda w: np.asarray(w).mean(axis=0), loop.state.params), 'consensus')

@@ -36,7 +36,7 @@ def test_foreground_ma_rounds_every_k_steps_on_the_live_params(num_replicas, gro
   mesh = replicas.make_mesh(num_replicas)
   want, delta = fake_training.initial(num_replicas)
   delta_R = replicas.shard(delta, mesh)
-  driver = sync_drivers.ForegroundSync(sync_algorithms.model_averaging(replicas.REPLICA_AXIS), 'ma', mesh, groups,
+  driver = sync_drivers.ForegroundSync(sync_algorithms.model_averaging(replicas.REPLICA_AXIS), 'ma', replicas.ReplicaMeshes(mesh, mesh), groups,
                                        every_k_steps=every_k)
   state = _fake_state(want, mesh)
   driver.start(state, driver.initial_sync_state(state))
@@ -68,7 +68,7 @@ def test_foreground_resumes_from_the_given_step_and_sync_state():
   num_replicas, alpha = 4, 0.1
   mesh = replicas.make_mesh(num_replicas)
   want, delta = fake_training.initial(num_replicas)
-  driver = sync_drivers.ForegroundSync(sync_algorithms.elastic_averaging(replicas.REPLICA_AXIS, alpha), 'ea', mesh,
+  driver = sync_drivers.ForegroundSync(sync_algorithms.elastic_averaging(replicas.REPLICA_AXIS, alpha), 'ea', replicas.ReplicaMeshes(mesh, mesh),
                                        ('mlp',), every_k_steps=4)
   state = _fake_state(want, mesh)._replace(step=replicas.shard(np.full(num_replicas, 100, np.int32), mesh))
   center = {'mlp': {'kernel': np.full((3, 2), -5.0, np.float32)}}  # far from the initial replica mean
@@ -96,7 +96,7 @@ def test_foreground_ea_keeps_its_center_across_rounds():
   mesh = replicas.make_mesh(num_replicas)
   want, delta = fake_training.initial(num_replicas)
   center = jax.tree.map(lambda x: x.mean(axis=0), want)
-  driver = sync_drivers.ForegroundSync(sync_algorithms.elastic_averaging(replicas.REPLICA_AXIS, alpha), 'ea', mesh,
+  driver = sync_drivers.ForegroundSync(sync_algorithms.elastic_averaging(replicas.REPLICA_AXIS, alpha), 'ea', replicas.ReplicaMeshes(mesh, mesh),
                                        ('mlp', 'embedding'), every_k_steps=2)
   state = _fake_state(want, mesh)
   driver.start(state, driver.initial_sync_state(state))
@@ -134,7 +134,7 @@ def _config(algorithm: str, num_replicas: int = 4, **sync):
     ('shadow_ea', shadow_sync.ShadowSync, ('mlp', 'embedding')),
 ])
 def test_make_driver_picks_the_driver_of_the_algorithm(algorithm, driver_type, groups):
-  driver = sync_drivers.make_driver(_config(algorithm), replicas.make_mesh(4))
+  driver = sync_drivers.make_driver(_config(algorithm), replicas.make_meshes(4))
   assert type(driver) is driver_type  # pylint: disable=unidiomatic-typecheck
   if groups is not None:
     assert driver._groups == groups  # pylint: disable=protected-access
@@ -142,15 +142,15 @@ def test_make_driver_picks_the_driver_of_the_algorithm(algorithm, driver_type, g
 
 def test_make_driver_dense_only_and_its_settings():
   config = _config('fr_ea', what='dense', every_k_steps=7)
-  driver = sync_drivers.make_driver(config, replicas.make_mesh(4))
+  driver = sync_drivers.make_driver(config, replicas.make_meshes(4))
   assert driver._groups == ('mlp',) and driver._every == 7  # pylint: disable=protected-access
-  driver = sync_drivers.make_driver(_config('shadow_ma', min_interval_s=0.25), replicas.make_mesh(4))
+  driver = sync_drivers.make_driver(_config('shadow_ma', min_interval_s=0.25), replicas.make_meshes(4))
   assert driver._min_interval_s == 0.25  # pylint: disable=protected-access
 
 
 def test_no_sync_stats():
   for algorithm, rounds, gap in (('none', 0, None), ('sync_sgd', 5, 1.0)):
-    driver = sync_drivers.NoSync(algorithm)
+    driver = sync_drivers.NoSync(algorithm, replicas.make_meshes(1))
     for step in range(1, 6):
       driver.after_step(step, None)
     assert driver.stats()['sync_rounds'] == rounds and driver.stats()['mean_sync_gap'] == gap, algorithm
@@ -174,7 +174,7 @@ def _compiled_step_text(config) -> str:
   batch = batch_lib.Batch(dense=jax.ShapeDtypeStruct((*leading, batch_lib.NUM_DENSE_FEATURES), np.float32),
                           sparse=jax.ShapeDtypeStruct((*leading, batch_lib.NUM_SPARSE_FEATURES), np.int32),
                           label=jax.ShapeDtypeStruct(leading, np.float32))
-  return train.make_train_step(config, mesh).lower(state, batch).compile().as_text()
+  return train.make_train_step(config, replicas.ReplicaMeshes(mesh, mesh)).lower(state, batch).compile().as_text()
 
 
 @pytest.mark.parametrize('algorithm', ['shadow_ma', 'fr_ma', 'none'])
