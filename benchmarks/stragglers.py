@@ -1,7 +1,7 @@
 r"""Stragglers across processes: does one slow process hold the others back? (shadow_ma against sync_sgd.)
 
   python -m benchmarks.stragglers [--slowdown=2] [--num_train_examples=600000] [--batch_size=256] \
-      [--algorithms=shadow_ma,sync_sgd] [--out=benchmarks/results/stragglers.md]
+      [--algorithms=none,shadow_ma,sync_sgd] [--min_interval_s=0] [--out=benchmarks/results/stragglers.md]
 
 Runs each algorithm as a job of 2 processes (`experiments.launch --pin_cpus`: each process on its own share of the
 cores, like two hosts), one replica per process, without and with a straggler (process 1 `--slowdown` times
@@ -24,7 +24,9 @@ from experiments import launch
 flags.DEFINE_float('slowdown', 2.0, 'How many times slower the straggler (process 1) is.')
 flags.DEFINE_integer('num_train_examples', 600_000, 'Length of the one-pass training stream, for every run.')
 flags.DEFINE_integer('batch_size', 256, 'Examples per replica per step.')
-flags.DEFINE_list('algorithms', ['shadow_ma', 'sync_sgd'], 'Sync algorithms to compare.')
+flags.DEFINE_list('algorithms', ['none', 'shadow_ma', 'sync_sgd'], 'Sync algorithms to compare (none: the ceiling, '
+                  'no coupling at all).')
+flags.DEFINE_float('min_interval_s', 0.0, 'shadow_*: least seconds between background rounds.')
 flags.DEFINE_string('out', 'benchmarks/results/stragglers.md', 'Where the table and raw summaries go.')
 FLAGS = flags.FLAGS
 
@@ -34,6 +36,7 @@ def run_job(workdir: pathlib.Path, algorithm: str, slowdown: float) -> dict:
   train_flags = [f'--workdir={workdir}', '--config.num_replicas=2', f'--config.sync.algorithm={algorithm}',
                  f'--config.batch_size={FLAGS.batch_size}',
                  f'--config.data.num_train_examples={FLAGS.num_train_examples}',
+                 f'--config.sync.min_interval_s={FLAGS.min_interval_s}',
                  '--config.train.checkpoint_every_steps=0', '--config.train.progress_every_s=30']
   if slowdown > 1:
     train_flags += ['--config.straggler.process=1', f'--config.straggler.slowdown={slowdown}']
@@ -71,7 +74,7 @@ def main(argv):
   print(text)
   command = (f'python -m benchmarks.stragglers --slowdown={FLAGS.slowdown:g} '
              f'--num_train_examples={FLAGS.num_train_examples} --batch_size={FLAGS.batch_size} '
-             f'--algorithms={",".join(FLAGS.algorithms)}')
+             f'--algorithms={",".join(FLAGS.algorithms)} --min_interval_s={FLAGS.min_interval_s:g}')
   raw = {f'{a} x{s:g}': {k: v for k, v in r.items() if k != 'config'} for (a, s), r in results.items()}
   out = pathlib.Path(FLAGS.out)
   out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,8 @@ behave like separate hosts, e.g. for the straggler benchmark. On several real ho
 directly on each (BUILD.md).
 """
 
+import ctypes
+import functools
 import os
 import signal
 import socket
@@ -33,6 +35,8 @@ flags.DEFINE_float('grace_s', 60.0, 'After a failure, how long the other process
 flags.DEFINE_bool('pin_cpus', False, 'Pin each process to its own share of the cores.')
 flags.DEFINE_string('module', 'experiments.train', 'The Python module every process runs.')
 FLAGS = flags.FLAGS
+
+_PR_SET_PDEATHSIG = 1  # prctl option: the signal a child gets when its parent dies.
 
 
 def free_port() -> int:
@@ -67,7 +71,7 @@ def launch(train_args: list[str], num_processes: int, cpu_devices: int, peer_tim
                f'--peer_timeout_s={peer_timeout_s}', *train_args]
     affinity = cpu_share(process_id, num_processes) if pin_cpus else None
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                               preexec_fn=(lambda a=affinity: os.sched_setaffinity(0, a)) if affinity else None)
+                               preexec_fn=functools.partial(_child_setup, affinity))
     processes.append(process)
     pump = threading.Thread(target=_pump, args=(process, f'[p{process_id}] ', out, lock), daemon=True)
     pump.start()
@@ -102,6 +106,16 @@ def launch(train_args: list[str], num_processes: int, cpu_devices: int, peer_tim
        f'{report}.')
   code = first_failure[1]
   return 128 - code if code < 0 else code
+
+
+def _child_setup(affinity: set[int] | None) -> None:
+  """In each child before it runs: die with the launcher (Linux), and take its share of the cores if pinned."""
+  try:
+    ctypes.CDLL('libc.so.6', use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+  except OSError:  # Not Linux: children outlive a killed launcher there.
+    pass
+  if affinity:
+    os.sched_setaffinity(0, affinity)
 
 
 def _pump(process: subprocess.Popen, prefix: str, out, lock: threading.Lock) -> None:

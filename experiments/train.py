@@ -12,7 +12,9 @@ One process of a multi-process job (`experiments.launch` starts them on one mach
       --config.num_replicas=R ...     # every process: the same flags but its own --process_id
 """
 
+import faulthandler
 import json
+import signal
 import sys
 import traceback
 
@@ -40,6 +42,7 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if not FLAGS['verbosity'].present:  # orbax logs every save at INFO; keep the console to progress and results.
     logging.set_verbosity(logging.WARNING)
+  faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints every thread's stack.
   jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
   from shadowsync_jax import distributed  # pylint: disable=g-import-not-at-top  (after the device count is set)
   from shadowsync_jax import train  # pylint: disable=g-import-not-at-top

@@ -80,6 +80,7 @@ class ShadowSync:
     self._error: BaseException | None = None
     self._failed = threading.Event()
     self._thread: threading.Thread | None = None
+    self._paused = False
     self._gaps = sync_drivers.GapTracker()
 
   def initial_sync_state(self, state_L: Any) -> PyTree:
@@ -88,6 +89,9 @@ class ShadowSync:
   def start(self, state_L: Any, sync_state_R: PyTree) -> None:
     self._sync_state_R = sync_state_R
     self._gaps.reset(int(state_L.step[0]))
+    self._stop.clear()
+    self._done.clear()
+    self._snapshot_wanted.clear()
     self._thread = threading.Thread(target=self._run, name='shadow-sync', daemon=True)
     replicas.reserve_collectives(self._thread)  # Until finish: the thread is the only issuer of collectives.
     self._thread.start()
@@ -121,6 +125,21 @@ class ShadowSync:
       replicas.reserve_collectives(None)
     self._raise_if_failed()
     return self._step_boundary(state_L, step=None)
+
+  def pause(self, state_L: Any) -> Any:
+    """Before the training thread issues collectives of its own (orbax's, when saving a checkpoint across
+    processes): ends the rounds on every process, as `finish` does; `resume` starts them again. With one process
+    nothing else issues collectives, and the rounds go on."""
+    if self._meshes.job is self._meshes.local or self._thread is None:
+      return state_L
+    state_L = self.finish(state_L)
+    self._paused = True
+    return state_L
+
+  def resume(self, state_L: Any) -> None:
+    if self._paused:
+      self._paused = False
+      self.start(state_L, self._sync_state_R)
 
   def consensus(self, params_L: PyTree) -> PyTree:
     return sync_drivers.consensus(self._consensus_R, self._groups, params_L, self._sync_state_R, self._meshes)

@@ -6,6 +6,7 @@
   for step in ...:
     state_L, _ = train_step(state_L, batch_L)
     state_L = driver.after_step(step, state_L)  # foreground: a blocking round every k steps; shadow: merge a result
+    state_L = driver.pause(state_L); save(state_L); driver.resume(state_L)   # around the loop's own collectives
   state_L = driver.finish(state_L)             # ends the rounds (shadow: with every process) and joins the thread
   params = driver.consensus(state_L.params)    # the model to evaluate (DESIGN §3), whole on every device
   driver.stats()                               # sync_rounds, mean/max sync gap, mean round latency
@@ -48,6 +49,12 @@ class SyncDriver(Protocol):
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds (`abandon`: at once, the run is failing) and returns the final train state."""
+
+  def pause(self, state_L: Any) -> Any:
+    """Lets the training thread issue collectives (a checkpoint save) until `resume`; returns the train state."""
+
+  def resume(self, state_L: Any) -> None:
+    ...
 
   def consensus(self, params_L: PyTree) -> PyTree:
     """The model to evaluate, one tree without the replica axis (read it with `replicas.fetch`)."""
@@ -101,7 +108,21 @@ def replica_divergence(params_R: PyTree) -> jax.Array:
   return jnp.mean(jnp.sqrt(squared_R))
 
 
-class NoSync:
+class _TrainingThreadOnly:
+  """A driver without a thread of its own: the training thread issues every collective, so there is nothing to end
+  or to pause."""
+
+  def finish(self, state_L: Any, abandon: bool = False) -> Any:
+    return state_L
+
+  def pause(self, state_L: Any) -> Any:
+    return state_L
+
+  def resume(self, state_L: Any) -> None:
+    pass
+
+
+class NoSync(_TrainingThreadOnly):
   """`none` (R independent models) and `sync_sgd` (synchronized inside the train step, no rounds)."""
 
   def __init__(self, algorithm: str, meshes: replicas.ReplicaMeshes):
@@ -121,9 +142,6 @@ class NoSync:
     self._steps += 1
     return state_L
 
-  def finish(self, state_L: Any, abandon: bool = False) -> Any:
-    return state_L
-
   def consensus(self, params_L: PyTree) -> PyTree:
     if self._algorithm == 'sync_sgd':  # All replicas are the same model: this process's first one.
       return jax.tree.map(lambda x: x[0], params_L)
@@ -136,7 +154,7 @@ class NoSync:
     return {'sync_rounds': 0, 'mean_sync_gap': None, 'max_sync_gap': None, 'mean_round_latency_s': None}
 
 
-class ForegroundSync:
+class ForegroundSync(_TrainingThreadOnly):
   """`fr_*`: a blocking round on the live params every `every_k_steps` steps (the classic way)."""
 
   def __init__(self, algorithm: sync_algorithms.SyncAlgorithm, name: str, meshes: replicas.ReplicaMeshes,
@@ -166,9 +184,6 @@ class ForegroundSync:
     jax.block_until_ready(synced_R)
     self._gaps.merged(step, time.perf_counter() - started)
     return state_L._replace(params=with_synced(state_L.params, replicas.to_local(synced_R, self._meshes)))
-
-  def finish(self, state_L: Any, abandon: bool = False) -> Any:
-    return state_L
 
   def consensus(self, params_L: PyTree) -> PyTree:
     return consensus(self._consensus_R, self._groups, params_L, self._sync_state_R, self._meshes)

@@ -167,7 +167,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
             **{k: v for k, v in driver.stats().items() if v is not None}})
         window.reset(now)
       if checkpointer.due(step):
+        state = driver.pause(state)  # Across processes orbax's save has collectives; the shadow thread waits.
         checkpointer.save(step, _checkpointed(state, driver.sync_state(), meshes))
+        driver.resume(state)
     jax.block_until_ready(state)
     # This process's own pace: the time it waits below for slower processes is not part of it.
     timed_seconds = time.perf_counter() - timed_start if timed_start is not None else 0.0
