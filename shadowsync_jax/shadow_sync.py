@@ -16,7 +16,9 @@ exception in the thread is re-raised by `after_step` at the first step boundary 
 Several processes: each runs one such thread, and the threads are the only issuers of cross-process collectives
 (DESIGN §3), one round after the other, so round n of every process meets round n of the others. A process whose
 stream is done keeps serving snapshots from `finish` until every process is done: each round also agrees, by a
-collective, on whether all processes have finished, and all threads stop after that same round.
+collective, on whether all processes have finished, and all threads stop after that same round. `pause` ends the
+rounds the same way when the training thread needs collectives of its own (a checkpoint save), `resume` restarts
+them.
 """
 
 import queue
