@@ -40,7 +40,7 @@ def main(argv):
   rows['DLRM (experiments.train, default config)'] = summary['eval_ne']
   floor = summary['bayes_ne']
   rows['Bayes floor (true probabilities)'] = floor
-  print(f'\n| predictor | eval NE | vs floor |\n|---|---|---|')
+  print("\n| predictor | eval NE | vs floor |\n|---|---|---|")
   for name, ne in rows.items():
     print(f'| {name} | {ne:.4f} | {100 * (ne / floor - 1):+.1f}% |')
   print(json.dumps({'rows': rows, 'dlrm_examples_per_sec': summary['examples_per_sec'],

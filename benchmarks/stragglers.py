@@ -20,6 +20,7 @@ from absl import app
 from absl import flags
 
 from experiments import launch
+from shadowsync_jax import study_report
 
 flags.DEFINE_float('slowdown', 2.0, 'How many times slower the straggler (process 1) is.')
 flags.DEFINE_integer('num_train_examples', 600_000, 'Length of the one-pass training stream, for every run.')
@@ -75,11 +76,8 @@ def main(argv):
   command = (f'python -m benchmarks.stragglers --slowdown={FLAGS.slowdown:g} '
              f'--num_train_examples={FLAGS.num_train_examples} --batch_size={FLAGS.batch_size} '
              f'--algorithms={",".join(FLAGS.algorithms)} --min_interval_s={FLAGS.min_interval_s:g}')
-  raw = {f'{a} x{s:g}': {k: v for k, v in r.items() if k != 'config'} for (a, s), r in results.items()}
-  out = pathlib.Path(FLAGS.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(f'# Stragglers across 2 processes\n\n`{command}`\n\n{text}\n\n```json\n'
-                 f'{json.dumps(raw, indent=1)}\n```\n')
+  raw = {f'{a} x{s:g}': r for (a, s), r in results.items()}
+  out = study_report.write(FLAGS.out, 'Stragglers across 2 processes', command, text, raw)
   print(f'-> {out}')
 
 

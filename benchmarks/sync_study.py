@@ -10,7 +10,6 @@ best of the N (external load only ever slows a run down). Prints a markdown tabl
 and its ratio to `none`, rounds, mean sync gap) and writes it, with the raw summaries as JSON, to `--out`.
 """
 
-import json
 import pathlib
 import tempfile
 
@@ -18,6 +17,8 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
+
+from shadowsync_jax import study_report
 
 flags.DEFINE_integer('num_replicas', 8, 'Replicas (virtual CPU devices on a CPU machine).')
 flags.DEFINE_integer('num_train_examples', 1_000_000, 'Length of the one-pass training stream, for every run.')
@@ -94,13 +95,10 @@ def main(argv):
       row['examples_per_sec'] = max(row['examples_per_sec'], again['examples_per_sec'])
   table = _table(rows)
   print(table)
-  out = pathlib.Path(FLAGS.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
   setup = (f'{FLAGS.num_replicas} replicas x batch {FLAGS.batch_size}, best examples/sec of {FLAGS.repeats} runs, '
            f'{rows[0]["train_examples"]:,} training examples in all, sync.what={FLAGS.what}, '
            f'embedding_placement={FLAGS.embedding_placement}, min_interval_s={FLAGS.min_interval_s}')
-  raw = json.dumps([{k: v for k, v in r.items() if k != 'config'} for r in rows], indent=1)
-  out.write_text(f'# Sync study\n\n{setup}\n\n{table}\n\n```json\n{raw}\n```\n')
+  out = study_report.write(FLAGS.out, 'Sync study', study_report.command_line(), table, rows, note=setup)
   print(f'written to {out}')
 
 

@@ -26,8 +26,6 @@ from absl import flags
 from absl import logging
 import jax
 
-from shadowsync_jax import config as config_lib
-
 flags.DEFINE_string('output_dir', None, 'Where the cells, sweep.csv and the figures go (default runs/sweep, '
                     'runs/sweep_tiny with --tiny).')
 flags.DEFINE_bool('tiny', False, 'The tiny config and a short stream, the same grid: about a minute and a half.')

@@ -12,15 +12,22 @@ from typing import Any
 
 import ml_collections
 
+from shadowsync_jax import checkpoint_interval
 from shadowsync_jax.batch import NUM_SPARSE_FEATURES
 
-SYNC_ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf', 'gba')
-IMPLEMENTED_SYNC_ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf')
+SYNC_ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf', 'gba',
+                   'async_sgd')
+IMPLEMENTED_SYNC_ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf',
+                               'gba', 'async_sgd')
+PARAMETER_SERVER_ALGORITHMS = ('gba', 'async_sgd')  # One server model, workers in emulated time (gba_training).
 SYNCED_PARAMS = ('dense', 'all')
 EMBEDDING_PLACEMENTS = ('replicated', 'shared')
 MLP_OPTIMIZERS = ('sgd', 'adagrad', 'adam')
 EMBEDDING_OPTIMIZERS = ('sgd', 'rowwise_adagrad')
 DATA_SOURCES = ('synthetic', 'criteo')
+RECOVERY_MODES = ('none', 'full', 'partial', 'cpr_mfu', 'cpr_ssu')
+PARTIAL_RECOVERY_MODES = ('partial', 'cpr_mfu', 'cpr_ssu')
+FAILURE_TARGETS = ('replica', 'embedding_shard')
 
 
 # Criteo Kaggle's 26 cardinalities (1460, 583, 10131227, ...) capped at 300: the shape of real data, laptop-sized.
@@ -78,6 +85,38 @@ def base_config() -> ml_collections.ConfigDict:
   config.straggler.process = -1  # The process made slower (-1 = none): a straggler, to study sync under one.
   config.straggler.slowdown = 1.0  # How many times slower that process's steps are (it sleeps after each step).
 
+  # Emulated failures and how the run recovers from them (DESIGN §7, CPR: Maeng et al., MLSys 2021).
+  config.recovery = ml_collections.ConfigDict()
+  config.recovery.mode = 'none'  # 'none' (no failures), 'full', 'partial', 'cpr_mfu' or 'cpr_ssu'.
+  config.recovery.mtbf_steps = 1000.0  # Mean training steps between failures (exponential gaps, seeded by `seed`).
+  config.recovery.failure_target = 'embedding_shard'  # What a failure takes down: 'replica' or 'embedding_shard'.
+  config.recovery.num_embedding_shards = 4  # S: shard s holds the s-th of S row ranges of every table.
+  config.recovery.target_pls = 0.01  # Partial modes: the expected portion of lost samples the interval allows.
+  # Checkpoint interval in place of train.checkpoint_every_steps; 0 = chosen (full: Young's; partial: the PLS target).
+  config.recovery.checkpoint_every_steps = 0
+  # Cost of one save or restore in steps: negative = measured (the time the loop is blocked); > 0 = emulated (the
+  # loop is held that many mean step times, scaled by the bytes for partial restores and priority saves).
+  config.recovery.save_cost_steps = -1.0
+  config.recovery.restore_cost_steps = -1.0
+  config.recovery.priority_fraction = 0.1  # cpr_*: the share of embedding rows, most used first, saved often.
+  config.recovery.priority_every_steps = 0  # cpr_*: steps between priority saves; 0 = a quarter of the interval.
+  config.recovery.ssu_sample_rate = 0.05  # cpr_ssu: the share of lookups counted.
+
+  # gba / async_sgd (DESIGN §8; GBA: Su et al., NeurIPS 2022): the server's staleness rule; in one process the
+  # emulated worker step times that order the gradients' arrivals (gba_training.py); across processes the workers
+  # run for real and a thread exchanges their gradients (gba_processes.py; stragglers: straggler.process).
+  config.gba = ml_collections.ConfigDict()
+  config.gba.staleness_threshold = 2  # gba: gradients at most this stale (g - token) count fully.
+  config.gba.staleness_decay = 0.5  # gba: beyond the threshold a gradient is weighted decay ** (excess); 0 = dropped.
+  config.gba.step_time_s = 0.01  # Mean emulated seconds of a worker's step.
+  config.gba.step_time_jitter = 0.1  # Sigma of the lognormal noise on every step time (0 = all steps equal).
+  config.gba.straggler_prob = 0.0  # Chance that a worker's step is a straggler's (its machine is busy).
+  config.gba.straggler_slowdown = 4.0  # How many times longer a straggler's step takes.
+  config.gba.failure_prob = 0.0  # Chance that a worker fails mid-step: its token is lost, its gradient never sent.
+  config.gba.max_in_flight_steps = 1  # Across processes: local steps pushed but not yet received by the server copy
+  # before the loop waits (1: push, then pull the server that has it, as a parameter-server worker does; more
+  # overlaps computing with the exchange, at the price of staleness).
+
   config.train = ml_collections.ConfigDict()
   config.train.log_every_steps = 100  # Steps between scalar writes (loss, examples/sec) to the metric stream.
   config.train.progress_every_s = 5.0  # Seconds between progress lines on stdout.
@@ -99,6 +138,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   _check_sync(config)
   _check_straggler(config, num_processes)
   _check_train(config)
+  _check_recovery(config, num_processes)
+  _check_gba(config, num_processes)
   if not 1 <= config.num_replicas <= num_devices:
     raise ConfigError(f'num_replicas={config.num_replicas} must be between 1 and the device count ({num_devices}); '
                       'on CPU, more devices come from --cpu_devices (jax_num_cpu_devices).')
@@ -222,3 +263,73 @@ def _check_train(config: ml_collections.ConfigDict) -> None:
   for key in ('train.checkpoint_every_steps', 'train.stop_at_step'):
     if _get(config, key) < 0:
       raise ConfigError(f'{key}={_get(config, key)} must be >= 0.')
+
+
+def _check_recovery(config: ml_collections.ConfigDict, num_processes: int) -> None:
+  recovery = config.recovery
+  _check_choice(config, 'recovery.mode', RECOVERY_MODES)
+  _check_choice(config, 'recovery.failure_target', FAILURE_TARGETS)
+  _check_positive(config, 'recovery.mtbf_steps', 'recovery.num_embedding_shards')
+  if not 0 < recovery.target_pls < 1:
+    raise ConfigError(f'recovery.target_pls={recovery.target_pls} must be in (0, 1).')
+  if not 0 < recovery.priority_fraction <= 1:
+    raise ConfigError(f'recovery.priority_fraction={recovery.priority_fraction} must be in (0, 1].')
+  if not 0 < recovery.ssu_sample_rate <= 1:
+    raise ConfigError(f'recovery.ssu_sample_rate={recovery.ssu_sample_rate} must be in (0, 1].')
+  for key in ('recovery.checkpoint_every_steps', 'recovery.priority_every_steps'):
+    if _get(config, key) < 0:
+      raise ConfigError(f'{key}={_get(config, key)} must be >= 0 (0 = chosen by the run).')
+  for key in ('recovery.save_cost_steps', 'recovery.restore_cost_steps'):
+    if _get(config, key) == 0:
+      raise ConfigError(f'{key}=0: use a negative value for the measured cost or a positive one to emulate one.')
+  if recovery.mode == 'none':
+    return
+  if num_processes > 1:
+    raise ConfigError(f'recovery.mode={recovery.mode!r} runs in one process only; this job has {num_processes} '
+                      "(failure emulation across processes is not implemented: use recovery.mode='none').")
+  if config.sync.algorithm in PARAMETER_SERVER_ALGORITHMS:
+    raise ConfigError(f'recovery.mode={recovery.mode!r} is not implemented for sync.algorithm='
+                      f'{config.sync.algorithm!r} (its server model trains in gba_training, without recovery).')
+  if recovery.mode in PARTIAL_RECOVERY_MODES and recovery.checkpoint_every_steps == 0:
+    num_parts = config.num_replicas if recovery.failure_target == 'replica' else recovery.num_embedding_shards
+    total_steps = config.data.num_train_examples // (config.num_replicas * config.batch_size)
+    try:
+      checkpoint_interval.partial_recovery_interval(recovery.target_pls, recovery.mtbf_steps, num_parts,
+                                                    max(1, total_steps))
+    except ValueError as error:
+      raise ConfigError(f'recovery.target_pls={recovery.target_pls}: {error}') from error
+
+
+def _check_gba(config: ml_collections.ConfigDict, num_processes: int) -> None:
+  gba = config.gba
+  if not (isinstance(gba.staleness_threshold, int) and gba.staleness_threshold >= 0):
+    raise ConfigError(f'gba.staleness_threshold={gba.staleness_threshold} must be an integer >= 0.')
+  if not 0 <= gba.staleness_decay <= 1:
+    raise ConfigError(f'gba.staleness_decay={gba.staleness_decay} must be in [0, 1] (0 = drop stale gradients).')
+  _check_positive(config, 'gba.step_time_s')
+  if gba.step_time_jitter < 0:
+    raise ConfigError(f'gba.step_time_jitter={gba.step_time_jitter} must be >= 0.')
+  if not 0 <= gba.straggler_prob <= 1:
+    raise ConfigError(f'gba.straggler_prob={gba.straggler_prob} must be in [0, 1].')
+  if not gba.straggler_slowdown >= 1:
+    raise ConfigError(f'gba.straggler_slowdown={gba.straggler_slowdown} must be >= 1 (times slower).')
+  if not 0 <= gba.failure_prob < 1:
+    raise ConfigError(f'gba.failure_prob={gba.failure_prob} must be in [0, 1).')
+  algorithm = config.sync.algorithm
+  if algorithm not in PARAMETER_SERVER_ALGORITHMS:
+    return
+  if num_processes > 1 and gba.straggler_prob > 0:
+    raise ConfigError(f'gba.straggler_prob={gba.straggler_prob} emulates stragglers in one process; across '
+                      f'{num_processes} processes the workers run for real: slow one down with straggler.process '
+                      'and straggler.slowdown, and set gba.straggler_prob=0.')
+  if not (isinstance(gba.max_in_flight_steps, int) and gba.max_in_flight_steps >= 1):
+    raise ConfigError(f'gba.max_in_flight_steps={gba.max_in_flight_steps} must be an integer >= 1.')
+  if config.recovery.mode != 'none':
+    raise ConfigError(f'recovery.mode={config.recovery.mode!r} is not implemented with sync.algorithm={algorithm!r}; '
+                      "its worker failures are gba.failure_prob: use recovery.mode='none'.")
+  if num_processes == 1 and config.straggler.process != -1:
+    raise ConfigError(f'straggler.process={config.straggler.process} slows a process down for real; in one process '
+                      f'sync.algorithm={algorithm!r} emulates stragglers with gba.straggler_prob: set it to -1.')
+  if config.train.eval_per_replica:
+    raise ConfigError(f'train.eval_per_replica: sync.algorithm={algorithm!r} trains one server model, there are no '
+                      'replica models to evaluate.')

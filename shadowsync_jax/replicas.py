@@ -26,11 +26,13 @@ in the sync drivers raise CollectiveThreadError when called from any other threa
 """
 
 import functools
+import hashlib
 import threading
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -183,6 +185,28 @@ def fetch(tree: PyTree) -> PyTree:
   """A tree of arrays whole on every device (e.g. a consensus computed on the job mesh) as host numpy arrays,
   read from this process's own copy."""
   return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)) if x.is_fully_replicated else np.asarray(x), tree)
+
+
+def gather_from_processes(value: float | int) -> list:
+  """[value of process 0, value of process 1, ...] on every process."""
+  check_collective_thread('gathering from the processes')
+  if jax.process_count() == 1:
+    return [value]
+  return list(multihost_utils.process_allgather(np.asarray(value)))
+
+
+def fingerprint(params: Any) -> np.uint32:
+  """32 bits of a hash of the model's bytes: equal on two processes when they hold the same model (and different,
+  but for a 2^-32 chance, when they do not)."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree.leaves(params):
+    digest.update(np.ascontiguousarray(leaf).tobytes())
+  return np.uint32(int.from_bytes(digest.digest()[:4], 'little'))  # 32 bits: JAX gathers without 64-bit types.
+
+
+def fingerprints_per_process(params: Any) -> list[str]:
+  """Every process's `fingerprint` of its `params`, in hex (a collective): all equal when they hold one model."""
+  return [f'{int(x):08x}' for x in gather_from_processes(fingerprint(params))]
 
 
 def unstack(tree_R: PyTree) -> list[PyTree]:

@@ -10,6 +10,9 @@
 A step touches one replica. For classic synchronous SGD pass `grad_axis_name` and call the step inside
 `jax.shard_map` over that mesh axis: MLP gradients are averaged and every replica applies the sparse updates of
 all replicas, so replicas stay identical and equal one model trained on the concatenated global batch.
+
+The step is `make_gradient_fn` (loss, MLP gradients, touched rows and their gradients) followed by `make_apply_fn`
+(the optimizers); a parameter server that aggregates gradients itself (`gba_training`) uses the two apart.
 """
 
 from typing import Any, Callable, NamedTuple, Sequence
@@ -52,6 +55,52 @@ def init_train_state(key: jax.Array, model: DLRM, cardinalities: Sequence[int], 
   return init(key)
 
 
+def make_gradient_fn(model: DLRM, cardinalities: Sequence[int]
+                     ) -> Callable[[dict[str, Any], Batch], tuple[jax.Array, Any, jax.Array, jax.Array]]:
+  """gradients(params, batch) -> (loss, mlp_grads, row_ids_N, row_grads_NxD) of ONE replica's batch; pure.
+
+  The embedding gradient comes as the touched rows (`row_ids_N`, N = B T, repeats allowed) and their gradients,
+  never as a table-sized array: what a sparse optimizer (or a parameter server, `gba_training`) consumes.
+  """
+  offsets_T = embedding.table_offsets(cardinalities)
+
+  def loss_fn(mlp_params, emb_BxTxD, dense_BxF, label_B):
+    logits_B = model.apply({'params': mlp_params}, dense_BxF, emb_BxTxD)
+    return optax.sigmoid_binary_cross_entropy(logits_B, label_B).mean()
+
+  def gradients(params, batch: Batch):
+    row_ids_BxT = embedding.global_row_ids(batch.sparse, offsets_T)
+    emb_BxTxD = embedding.lookup(params['embedding'], row_ids_BxT)
+    loss, (mlp_grads, emb_grads_BxTxD) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
+        params['mlp'], emb_BxTxD, batch.dense, batch.label)
+    row_ids_N = row_ids_BxT.reshape(-1)
+    return loss, mlp_grads, row_ids_N, emb_grads_BxTxD.reshape(row_ids_N.shape[0], -1)
+
+  return gradients
+
+
+def make_apply_fn(mlp_optimizer: optax.GradientTransformation, embedding_optimizer: embedding.SparseOptimizer
+                  ) -> Callable[[TrainState, Any, jax.Array, jax.Array], TrainState]:
+  """apply(state, mlp_grads, row_ids_N, row_grads_NxD) -> state with the update applied and `step + 1`; pure."""
+
+  def apply(state: TrainState, mlp_grads, row_ids_N, row_grads_NxD):
+    # Every read of the old params (the backward matmuls) happens before the in-place update: without this
+    # ordering XLA copies each donated kernel to keep the old value alive.
+    mlp_params, mlp_grads, row_grads_NxD = lax.optimization_barrier(
+        (state.params['mlp'], mlp_grads, row_grads_NxD))
+    updates, mlp_opt_state = mlp_optimizer.update(mlp_grads, state.mlp_opt_state, mlp_params)
+    mlp_params = optax.apply_updates(mlp_params, updates)
+    table_VxD, embedding_opt_state = embedding_optimizer.update(
+        state.params['embedding'], state.embedding_opt_state, row_ids_N, row_grads_NxD)
+    return TrainState(
+        params={'mlp': mlp_params, 'embedding': table_VxD},
+        mlp_opt_state=mlp_opt_state,
+        embedding_opt_state=embedding_opt_state,
+        step=state.step + 1)
+
+  return apply
+
+
 def make_train_step(model: DLRM, cardinalities: Sequence[int],
                     mlp_optimizer: optax.GradientTransformation,
                     embedding_optimizer: embedding.SparseOptimizer,
@@ -64,20 +113,11 @@ def make_train_step(model: DLRM, cardinalities: Sequence[int],
   logical table, and every step each applies the sparse gradients of all of them (summed, as trainers pushing to
   an embedding parameter server), so the copies stay identical; the MLPs stay per replica.
   """
-  offsets_T = embedding.table_offsets(cardinalities)
-
-  def loss_fn(mlp_params, emb_BxTxD, dense_BxF, label_B):
-    logits_B = model.apply({'params': mlp_params}, dense_BxF, emb_BxTxD)
-    return optax.sigmoid_binary_cross_entropy(logits_B, label_B).mean()
+  gradients = make_gradient_fn(model, cardinalities)
+  apply = make_apply_fn(mlp_optimizer, embedding_optimizer)
 
   def train_step(state: TrainState, batch: Batch):
-    mlp_params, table_VxD = state.params['mlp'], state.params['embedding']
-    row_ids_BxT = embedding.global_row_ids(batch.sparse, offsets_T)
-    emb_BxTxD = embedding.lookup(table_VxD, row_ids_BxT)
-    loss, (mlp_grads, emb_grads_BxTxD) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
-        mlp_params, emb_BxTxD, batch.dense, batch.label)
-    row_ids_N = row_ids_BxT.reshape(-1)
-    row_grads_NxD = emb_grads_BxTxD.reshape(row_ids_N.shape[0], -1)
+    loss, mlp_grads, row_ids_N, row_grads_NxD = gradients(state.params, batch)
     if grad_axis_name is not None:
       mlp_grads = lax.pmean(mlp_grads, grad_axis_name)
       num_replicas = lax.axis_size(grad_axis_name)
@@ -86,19 +126,7 @@ def make_train_step(model: DLRM, cardinalities: Sequence[int],
     elif shared_embedding_axis_name is not None:  # Every replica's sparse update lands in the one shared table.
       row_ids_N = lax.all_gather(row_ids_N, shared_embedding_axis_name, tiled=True)
       row_grads_NxD = lax.all_gather(row_grads_NxD, shared_embedding_axis_name, tiled=True)
-    # Every read of the old params (the backward matmuls) happens before the in-place update: without this
-    # ordering XLA copies each donated kernel to keep the old value alive.
-    mlp_params, mlp_grads, row_grads_NxD = lax.optimization_barrier((mlp_params, mlp_grads, row_grads_NxD))
-    updates, mlp_opt_state = mlp_optimizer.update(mlp_grads, state.mlp_opt_state, mlp_params)
-    mlp_params = optax.apply_updates(mlp_params, updates)
-    table_VxD, embedding_opt_state = embedding_optimizer.update(
-        table_VxD, state.embedding_opt_state, row_ids_N, row_grads_NxD)
-    new_state = TrainState(
-        params={'mlp': mlp_params, 'embedding': table_VxD},
-        mlp_opt_state=mlp_opt_state,
-        embedding_opt_state=embedding_opt_state,
-        step=state.step + 1)
-    return new_state, {'loss': loss}
+    return apply(state, mlp_grads, row_ids_N, row_grads_NxD), {'loss': loss}
 
   return train_step
 

@@ -7,7 +7,8 @@
 
 `train_and_evaluate` validates the config before anything compiles, resumes from the newest checkpoint in
 `workdir/checkpoints` if there is one, streams scalars to `workdir` (TensorBoard events and `metrics.jsonl`),
-prints a progress line, and writes `workdir/summary.json` (DESIGN §9) when the stream is done.
+prints a progress line, and writes `workdir/summary.json` (DESIGN §9) when the stream is done. With
+`recovery.mode` set, failures are emulated and recovered from at step boundaries (`recovery`, DESIGN §7).
 
 In a job of several processes (`distributed.initialize` first; `experiments.launch` starts them) every process
 calls it with the same config and workdir: each trains its own replicas on its own part of the stream, the sync
@@ -15,7 +16,6 @@ driver couples them, all of them evaluate the same consensus model, and process 
 `summary.json`. Every process returns the summary.
 """
 
-import hashlib
 import json
 import pathlib
 import time
@@ -31,10 +31,13 @@ from shadowsync_jax import checkpointing
 from shadowsync_jax import config as config_lib
 from shadowsync_jax import embedding
 from shadowsync_jax import evaluation
+from shadowsync_jax import gba_processes
+from shadowsync_jax import gba_training
 from shadowsync_jax import input_pipeline
 from shadowsync_jax import metric_writer
 from shadowsync_jax import model as model_lib
 from shadowsync_jax import progress
+from shadowsync_jax import recovery as recovery_lib
 from shadowsync_jax import replicas
 from shadowsync_jax import step as step_lib
 from shadowsync_jax import straggler
@@ -108,6 +111,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   wall_start = time.perf_counter()
   num_processes, process_index = jax.process_count(), jax.process_index()
   config_lib.validate(config, num_devices=len(jax.devices()), num_processes=num_processes)
+  if config.sync.algorithm in config_lib.PARAMETER_SERVER_ALGORITHMS:  # One server model (DESIGN §8).
+    # One process: its workers in emulated time; several: the job's replicas as workers, for real.
+    return (gba_processes if num_processes > 1 else gba_training).train_and_evaluate(config, workdir)
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   num_replicas, batch_size = config.num_replicas, config.batch_size
@@ -118,7 +124,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   meshes = replicas.make_meshes(num_replicas)
   state = init_replicated_state(config, meshes.local)
-  checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints', config.train.checkpoint_every_steps)
+  recovering = config.recovery.mode != 'none'  # Then the recovery policy decides when to checkpoint.
+  checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints',
+                                            0 if recovering else config.train.checkpoint_every_steps)
   driver = sync_drivers.make_driver(config, meshes)
   sync_state = driver.initial_sync_state(state)
   restored = checkpointer.restore_latest(checkpointing.abstract_like(_checkpointed(state, sync_state, meshes)))
@@ -129,20 +137,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     print(f'Resumed from the checkpoint at step {start_step} of {total_steps} in {workdir}.')
   train_step = make_train_step(config, meshes)
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
-  batches = input_pipeline.train_batches(train_source, num_replicas, batch_size, config.data.num_train_examples,
-                                         start_step=start_step,
-                                         replicas=range(process_index * num_local, (process_index + 1) * num_local))
+  batches_from = lambda first_step: input_pipeline.train_batches(
+      train_source, num_replicas, batch_size, config.data.num_train_examples, start_step=first_step,
+      replicas=range(process_index * num_local, (process_index + 1) * num_local))
+  recovery = recovery_lib.make(config, checkpointer, meshes, workdir, total_steps)
   writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
   progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
   delay = straggler.Straggler(config.straggler.slowdown if config.straggler.process == process_index else 1.0)
 
   driver.start(state, sync_state)
-  step, window = start_step, _LossWindow()
+  recovery.start(start_step, state, sync_state)
+  step, window, batches = start_step, _LossWindow(), batches_from(start_step)
   timed_start, timed_steps, pending_loss = None, 0, None
   try:
-    for batch in batches:
-      if step >= stop_step:
-        break
+    while step < stop_step:
+      batch = next(batches)
       state, metrics = train_step(state, replicas.shard(batch, meshes.local))
       delay.after_step(metrics)
       step += 1
@@ -166,6 +175,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
             'replica_divergence': float(sync_drivers.replica_divergence(state.params)),
             **{k: v for k, v in driver.stats().items() if v is not None}})
         window.reset(now)
+      state, driver, rewind_to = recovery.after_step(step, state, driver, batch)  # Failures, their checkpoints.
+      if rewind_to is not None:  # Full recovery: the data restarts at the restored checkpoint.
+        step, batches = rewind_to, batches_from(rewind_to)
       if checkpointer.due(step):
         state = driver.pause(state)  # Across processes orbax's save has collectives; the shadow thread waits.
         checkpointer.save(step, _checkpointed(state, driver.sync_state(), meshes))
@@ -179,6 +191,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   state = driver.finish(state)  # Shadow rounds end together on every process: cross-process calls are safe below.
   checkpointer.save(step, _checkpointed(state, driver.sync_state(), meshes))
   checkpointer.close()
+  recovery.close()
   progress_line.finish()
 
   if step < total_steps:
@@ -190,7 +203,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   params_R = _gather_replicas(state.params, meshes) if config.train.eval_per_replica else None
   eval_metrics = evaluation.evaluate(config, consensus, params_R, eval_source)
   local_examples_per_sec = timed_steps * num_local * batch_size / timed_seconds if timed_seconds > 0 else 0.0
-  examples_per_sec_per_process = [float(x) for x in _gather_from_processes(local_examples_per_sec)]
+  examples_per_sec_per_process = [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]
   summary = {
       'eval_ne': eval_metrics['ne'],
       'eval_auc': eval_metrics['auc'],
@@ -208,8 +221,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       'sync_algorithm': config.sync.algorithm,
       **driver.stats(),  # sync_rounds, mean_sync_gap, max_sync_gap, mean_round_latency_s (of process 0)
       'replica_divergence': float(replicas.fetch(_job_replica_divergence(state.params, meshes))),
-      'consensus_fingerprint_per_process': [f'{int(x):08x}' for x in _gather_from_processes(_fingerprint(consensus))],
+      'consensus_fingerprint_per_process': replicas.fingerprints_per_process(consensus),
       'straggler_sleep_s': delay.slept_s,
+      **recovery.summary(),  # recovery_overhead_pct, num_failures, estimated_pls, actual_pls, ...
       'wall_time_s': time.perf_counter() - wall_start,
       'config': config.to_dict(),
   }
@@ -223,8 +237,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 def _checkpointed(state_L: step_lib.TrainState, sync_state_R: Any, meshes: replicas.ReplicaMeshes) -> dict[str, Any]:
   """What a checkpoint holds besides the data position: the job's train state and, for round-based sync, its state
   (each process writes its own replicas)."""
-  state_R = replicas.to_job(state_L, meshes)
-  return {'train': state_R} if sync_state_R is None else {'train': state_R, 'sync': sync_state_R}
+  return checkpointing.training_tree(replicas.to_job(state_L, meshes), sync_state_R)
 
 
 def _job_replica_divergence(params_L: Any, meshes: replicas.ReplicaMeshes) -> jax.Array:
@@ -237,23 +250,6 @@ def _gather_replicas(params_L: Any, meshes: replicas.ReplicaMeshes) -> Any:
   if jax.process_count() == 1:
     return jax.tree.map(np.asarray, params_L)
   return multihost_utils.process_allgather(replicas.to_job(params_L, meshes))
-
-
-def _gather_from_processes(value: float | int) -> list:
-  """[value of process 0, value of process 1, ...] on every process."""
-  replicas.check_collective_thread('gathering from the processes')
-  if jax.process_count() == 1:
-    return [value]
-  return list(multihost_utils.process_allgather(np.asarray(value)))
-
-
-def _fingerprint(params: Any) -> np.uint32:
-  """32 bits of a hash of the model's bytes: equal on two processes when they hold the same model (and different,
-  but for a 2^-32 chance, when they do not)."""
-  digest = hashlib.sha256()
-  for leaf in jax.tree.leaves(params):
-    digest.update(np.ascontiguousarray(leaf).tobytes())
-  return np.uint32(int.from_bytes(digest.digest()[:4], 'little'))  # 32 bits: JAX gathers without 64-bit types.
 
 
 def _jsonable(value: Any) -> Any:

@@ -39,7 +39,7 @@ def test_default_and_tiny_configs_are_valid_and_have_the_contract_keys(variant):
     ({'optimizer__mlp_learning_rate': -0.1}, 'optimizer.mlp_learning_rate'),
     ({'optimizer__embedding_learning_rate': 0.0}, 'optimizer.embedding_learning_rate'),
     ({'sync__algorithm': 'gossip'}, 'sync.algorithm'),
-    ({'sync__algorithm': 'gba'}, 'sync.algorithm'),
+    ({'sync__algorithm': 'gba', 'gba__staleness_decay': 2.0}, 'gba.staleness_decay'),
     ({'sync__what': 'some'}, 'sync.what'),
     ({'sync__embedding_placement': 'sharded'}, 'sync.embedding_placement'),
     ({'num_replicas': 8, 'sync__algorithm': 'fr_ea', 'sync__elastic_alpha': 0.2}, 'sync.elastic_alpha'),

@@ -43,7 +43,7 @@ def test_grid_is_one_single_replica_cell_then_every_algorithm_per_replica_count(
 
 
 @pytest.mark.parametrize('replicas, algorithms, message', [
-    ([1, 2], ['fr_ma', 'gba'], 'gba'),  # Known to the config, not implemented yet.
+    ([1, 2], ['fr_ma', 'gossip'], 'gossip'),  # Unknown to the config.
     ([1, 2], ['shadow_mma'], 'shadow_mma'),
     ([0, 2], ['fr_ma'], 'positive'),
 ])
