@@ -95,6 +95,11 @@ class Checkpointer:
     """Whether `step` is a periodic save point."""
     return self._every_steps > 0 and step % self._every_steps == 0
 
+  def boundaries(self, start_step: int, stop_step: int) -> list[int]:
+    """The periodic save points after `start_step` and before `stop_step`, then `stop_step`: where a loop that
+    must stop to save (drain its workers) stops."""
+    return [step for step in range(start_step + 1, stop_step) if self.due(step)] + [stop_step]
+
   def save(self, step: int, state: PyTree) -> bool:
     """Starts an async save of `state` as the position `step`, unless that step is saved already; True if started."""
     if step == self._manager.latest_step():

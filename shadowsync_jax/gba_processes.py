@@ -27,7 +27,6 @@ gradients are applied; the training loop then saves with no other collective run
 `sync_sgd`, `gba` and `async_sgd` across processes as it does in one.
 """
 
-import json
 import pathlib
 import threading
 import time
@@ -291,7 +290,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   step, rounds, lost_tokens = start_step, 0, 0
   compiled, busy_s, busy_steps, window = False, 0.0, 0, (time.perf_counter(), step)
-  boundaries = [b for b in range(start_step + 1, stop_step) if checkpointer.due(b)] + [stop_step]
+  boundaries = checkpointer.boundaries(start_step, stop_step)
   for boundary in boundaries:
     exchange = GradientExchange(server, codec, config.gba.max_in_flight_steps)
     exchange.start()
@@ -350,5 +349,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   writer.write_scalars(total_steps, {f'eval_{k}': v for k, v in eval_metrics.items() if isinstance(v, (int, float))})
   writer.close()
   if process_index == 0:
-    (workdir / 'summary.json').write_text(json.dumps(summary, indent=2, default=gba_training.jsonable) + '\n')
+    metric_writer.write_summary(workdir, summary)
   return summary

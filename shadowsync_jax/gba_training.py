@@ -27,7 +27,6 @@ this module's `Server`, checkpoint layout and summary.
 """
 
 import heapq
-import json
 import pathlib
 import time
 from typing import Any, NamedTuple
@@ -281,7 +280,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       logged.update(global_step=server.global_step, emulated_s=emulation.now, real_s=now,
                     gradients=len(server.staleness))
 
-  boundaries = [b for b in range(start_step + 1, stop_step) if checkpointer.due(b)] + [stop_step]
+  boundaries = checkpointer.boundaries(start_step, stop_step)
   for boundary in boundaries:
     emulation.run_until(boundary, after_arrivals)
     checkpointer.save(boundary, checkpointing.training_tree(replicas.replicate(server.state, mesh), None))
@@ -310,7 +309,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   })
   writer.write_scalars(total_steps, {f'eval_{k}': v for k, v in eval_metrics.items() if isinstance(v, (int, float))})
   writer.close()
-  (workdir / 'summary.json').write_text(json.dumps(summary, indent=2, default=jsonable) + '\n')
+  metric_writer.write_summary(workdir, summary)
   return summary
 
 
@@ -372,10 +371,3 @@ class _RealClock:
       return None
     return (self._end[1] - self._started[1]) * batch_size / (self._end[0] - self._started[0])
 
-
-def jsonable(value: Any) -> Any:
-  if isinstance(value, np.generic):
-    return value.item()
-  if isinstance(value, tuple):
-    return list(value)
-  raise TypeError(f'not JSON serializable: {type(value)}')

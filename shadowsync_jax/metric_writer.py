@@ -7,6 +7,7 @@
 
   tensorboard --logdir=WORKDIR                         # curves
   rows = read_metrics_jsonl(f'{workdir}/metrics.jsonl')  # [{'step': 100, 'train/loss': 0.47, ...}, ...]
+  write_summary(workdir, summary)                       # workdir/summary.json, the run's end (DESIGN §9)
 
 Event files go through tensorboardX (clu's writers need TensorFlow). Only one process of a multi-process job
 should write: the others pass `enabled=False`, which turns every method into a no-op and creates no file.
@@ -14,6 +15,7 @@ should write: the others pass `enabled=False`, which turns every method into a n
 
 import json
 import os
+import pathlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,3 +97,15 @@ def read_metrics_jsonl(path: str) -> list[dict[str, Any]]:
     path = os.path.join(path, JSONL_FILENAME)
   with open(path, encoding='utf-8') as jsonl_file:
     return [json.loads(line) for line in jsonl_file if line.strip()]
+
+
+def write_summary(workdir: str | pathlib.Path, summary: Mapping[str, Any]) -> None:
+  """Writes `summary` as `workdir/summary.json` (numpy scalars as numbers)."""
+  (pathlib.Path(workdir) / 'summary.json').write_text(json.dumps(summary, indent=2, default=jsonable) + '\n')
+
+
+def jsonable(value: Any) -> Any:
+  """`json.dumps`'s `default` for what configs and summaries hold besides plain JSON types."""
+  if isinstance(value, np.generic):
+    return value.item()
+  raise TypeError(f'not JSON serializable: {type(value)}')

@@ -23,9 +23,9 @@ from typing import Any
 
 from matplotlib import figure
 import ml_collections
-import numpy as np
 
 from shadowsync_jax import config as config_lib
+from shadowsync_jax import metric_writer
 from shadowsync_jax import progress
 
 CSV_FILENAME = 'sweep.csv'
@@ -135,7 +135,7 @@ def _finished_summary(workdir: pathlib.Path, config: ml_collections.ConfigDict, 
   if not path.exists():
     return None
   summary = json.loads(path.read_text())
-  expected = json.loads(json.dumps(config.to_dict(), default=_jsonable))
+  expected = json.loads(json.dumps(config.to_dict(), default=metric_writer.jsonable))
   if summary.get('config') != expected:
     differing = sorted(_differing_keys(summary.get('config') or {}, expected))
     raise SweepError(f'cell {cell.label}: {path} was written by a run with a different config (differs in '
@@ -151,12 +151,6 @@ def _differing_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = '') 
     elif old.get(key) != new.get(key):
       keys.append(f'{prefix}{key}')
   return keys
-
-
-def _jsonable(value: Any) -> Any:
-  if isinstance(value, np.generic):
-    return value.item()
-  raise TypeError(f'not JSON serializable: {type(value)}')
 
 
 def _result_text(summary: dict[str, Any]) -> str:

@@ -16,7 +16,6 @@ driver couples them, all of them evaluate the same consensus model, and process 
 `summary.json`. Every process returns the summary.
 """
 
-import json
 import pathlib
 import time
 from typing import Any
@@ -230,7 +229,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   writer.write_scalars(step, {f'eval_{k}': v for k, v in eval_metrics.items() if isinstance(v, (int, float))})
   writer.close()
   if process_index == 0:
-    (workdir / 'summary.json').write_text(json.dumps(summary, indent=2, default=_jsonable) + '\n')
+    metric_writer.write_summary(workdir, summary)
   return summary
 
 
@@ -251,10 +250,3 @@ def _gather_replicas(params_L: Any, meshes: replicas.ReplicaMeshes) -> Any:
     return jax.tree.map(np.asarray, params_L)
   return multihost_utils.process_allgather(replicas.to_job(params_L, meshes))
 
-
-def _jsonable(value: Any) -> Any:
-  if isinstance(value, (np.generic,)):
-    return value.item()
-  if isinstance(value, tuple):
-    return list(value)
-  raise TypeError(f'not JSON serializable: {type(value)}')
