@@ -1,8 +1,10 @@
 """The GBA study: sync_sgd, async_sgd and gba with the same hyperparameters, without and with stragglers.
 
   from experiments.configs import gba as gba_config
-  rows = gba_study.run(gba_config.get_config(), root='/tmp/gba', straggler_probs=(0.0, 0.1))
-  print(gba_study.table(rows))
+  best_lr, lr_rows = gba_study.tune_learning_rate(gba_config.get_config(), '/tmp/gba/lr', (0.05, 0.1, 0.2))
+  rows = gba_study.run(gba_study.with_learning_rate(gba_config.get_config(), best_lr), root='/tmp/gba',
+                       straggler_probs=(0.0, 0.1), sync_sgd=lr_rows[best_lr])
+  print(gba_study.learning_rate_table(lr_rows), gba_study.table(rows))
 
 Every run trains the same config but `sync.algorithm` and `gba.straggler_prob`. sync_sgd trains for real on R
 replicas (train.py); its emulated time is read from the same seeded worker step times that order gba's and
@@ -10,11 +12,14 @@ async_sgd's arrivals (`gba.WorkerStepTimes`): each of its global steps waits for
 face the same stragglers, and their emulated examples/sec compare; real examples/sec and wall time are this
 machine's and say what the emulation cost. sync_sgd's training does not depend on the step times, so it is trained
 once and its row repeated under each straggler setting with that setting's emulated time.
+
+The hyperparameters are the synchronous run's, as in the GBA paper: `tune_learning_rate` picks the learning rate
+(the MLP's and the tables' alike) with sync_sgd's best eval NE, and the three then train with it, untouched.
 """
 
 import copy
 import pathlib
-from typing import Any
+from typing import Any, Sequence
 
 import ml_collections
 
@@ -32,26 +37,72 @@ def config_for(base: ml_collections.ConfigDict, algorithm: str, straggler_prob: 
   return config
 
 
+def with_learning_rate(base: ml_collections.ConfigDict, learning_rate: float) -> ml_collections.ConfigDict:
+  """`base` with the MLP's and the embedding tables' learning rates both set to `learning_rate`."""
+  config = copy.deepcopy(base)
+  config.optimizer.mlp_learning_rate = config.optimizer.embedding_learning_rate = learning_rate
+  return config
+
+
+def with_seed(base: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:
+  """`base` with `seed` (the synthetic teacher, the initialization, the data stream, the emulated step times)."""
+  config = copy.deepcopy(base)
+  config.seed = seed
+  return config
+
+
+def tune_learning_rate(base: ml_collections.ConfigDict, root: str | pathlib.Path,
+                       learning_rates: Sequence[float]) -> tuple[float, dict[float, dict[str, Any]]]:
+  """Trains sync_sgd (no stragglers) at each learning rate in `root/lr<rate>`; returns the rate of the lowest eval
+  NE and the summaries by rate. The choice is made on the eval set the study reports on: a tuned baseline, not a
+  held-out estimate."""
+  if not learning_rates:
+    raise ValueError('tune_learning_rate needs at least one learning rate.')
+  summaries = {}
+  for rate in learning_rates:
+    print(f'--- sync_sgd, learning rate {rate:g}', flush=True)
+    summaries[rate] = train.train_and_evaluate(config_for(with_learning_rate(base, rate), 'sync_sgd', 0.0),
+                                               _new_workdir(pathlib.Path(root) / f'lr{rate:g}'))
+  return _lowest_ne(summaries), summaries
+
+
+def _lowest_ne(summaries: dict[float, dict[str, Any]]) -> float:
+  return min(summaries, key=lambda rate: summaries[rate]['eval_ne'])
+
+
+def learning_rate_table(summaries: dict[float, dict[str, Any]]) -> str:
+  """A markdown table of `tune_learning_rate`'s runs, the chosen one marked."""
+  best = _lowest_ne(summaries)
+  lines = ['| learning rate | sync_sgd eval NE | AUC | |', '|---|---|---|---|']
+  lines += [f'| {rate:g} | {s["eval_ne"]:.4f} | {s["eval_auc"]:.4f} | {"chosen" if rate == best else ""} |'
+            for rate, s in summaries.items()]
+  return '\n'.join(lines)
+
+
 def run(base: ml_collections.ConfigDict, root: str | pathlib.Path, straggler_probs: tuple[float, ...] = (0.0, 0.1),
-        algorithms: tuple[str, ...] = ALGORITHMS) -> list[dict[str, Any]]:
+        algorithms: tuple[str, ...] = ALGORITHMS, sync_sgd: dict[str, Any] | None = None) -> list[dict[str, Any]]:
   """Trains every (straggler_prob, algorithm) in `root/p<prob>/<algorithm>`; returns the summaries, each with the
-  emulated figures (sync_sgd's computed from the step times) and its 'straggler_prob'."""
-  rows, sync_sgd = [], None
+  emulated figures (sync_sgd's computed from the step times) and its 'straggler_prob'. `sync_sgd`: the summary of
+  a sync_sgd run of `base` made already (by `tune_learning_rate`), used instead of training it again."""
+  rows = []
   for prob in straggler_probs:
     for algorithm in algorithms:
       config = config_for(base, algorithm, prob)
       if algorithm == 'sync_sgd' and sync_sgd is not None:  # Trains the same model whatever the step times.
         summary = {**sync_sgd, 'config': config.to_dict()}
       else:
-        workdir = pathlib.Path(root) / f'p{prob}' / algorithm
-        if (workdir / 'summary.json').exists():  # It would resume at its end and train nothing.
-          raise ValueError(f'{workdir} holds a finished run already; give the study a new workdir.')
         print(f'--- {algorithm}, straggler_prob={prob}', flush=True)
-        summary = train.train_and_evaluate(config, workdir)
+        summary = train.train_and_evaluate(config, _new_workdir(pathlib.Path(root) / f'p{prob}' / algorithm))
       if algorithm == 'sync_sgd':
         sync_sgd = summary = {**summary, **_sync_sgd_emulated(config)}
       rows.append({**summary, 'straggler_prob': prob})
   return rows
+
+
+def _new_workdir(workdir: pathlib.Path) -> pathlib.Path:
+  if (workdir / 'summary.json').exists():  # It would resume at its end and train nothing.
+    raise ValueError(f'{workdir} holds a finished run already; give the study a new workdir.')
+  return workdir
 
 
 def _sync_sgd_emulated(config: ml_collections.ConfigDict) -> dict[str, float]:
@@ -87,4 +138,30 @@ def table(rows: list[dict[str, Any]]) -> str:
                f'{first["train_examples"]:,} training examples; step time {gba_config["step_time_s"]} s emulated, '
                f'jitter {gba_config["step_time_jitter"]}; gba staleness threshold {gba_config["staleness_threshold"]}, '
                f'decay {gba_config["staleness_decay"]}.')
+  return '\n'.join(lines)
+
+
+def mean_table(rows_by_seed: dict[int, list[dict[str, Any]]]) -> str:
+  """A markdown table of the means over seeds (each seed's `run` rows): per (stragglers, algorithm), eval NE and its
+  difference to sync_sgd at the same seed, AUC, and the emulated speed-up over sync_sgd, each with the per-seed
+  figures, so a mean that one seed carries shows."""
+  seeds = list(rows_by_seed)
+  lines = [f'| stragglers | algorithm | mean eval NE | NE vs sync_sgd: mean (seeds {", ".join(map(str, seeds))}) | '
+           'mean AUC (per seed) | emulated vs sync_sgd |', '|---|---|---|---|---|---|']
+  first = rows_by_seed[seeds[0]]
+  for position, r in enumerate(first):
+    same_cell = [rows_by_seed[seed][position] for seed in seeds]
+    syncs = [next(s for s in rows_by_seed[seed] if s['sync_algorithm'] == 'sync_sgd'
+                  and s['straggler_prob'] == r['straggler_prob']) for seed in seeds]
+    ne_vs_sync = [100 * (row['eval_ne'] / sync['eval_ne'] - 1) for row, sync in zip(same_cell, syncs)]
+    aucs = [row['eval_auc'] for row in same_cell]
+    speedups = [row['emulated_examples_per_sec'] / sync['emulated_examples_per_sec']
+                for row, sync in zip(same_cell, syncs)]
+    slowdown = r['config']['gba']['straggler_slowdown']
+    stragglers = 'none' if r['straggler_prob'] == 0 else f'{r["straggler_prob"]:.0%} of steps {slowdown:g}x slower'
+    lines.append(
+        f'| {stragglers} | {r["sync_algorithm"]} | {sum(row["eval_ne"] for row in same_cell) / len(seeds):.4f} | '
+        f'{sum(ne_vs_sync) / len(seeds):+.2f}% ({", ".join(f"{x:+.2f}%" for x in ne_vs_sync)}) | '
+        f'{sum(aucs) / len(seeds):.4f} ({", ".join(f"{x:.4f}" for x in aucs)}) | '
+        f'{sum(speedups) / len(seeds):.2f}x |')
   return '\n'.join(lines)

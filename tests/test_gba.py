@@ -1,5 +1,6 @@
 """GBA's math against plain references: staleness decay, aggregation, step times; its config checks."""
 
+import pathlib
 from typing import NamedTuple
 
 import numpy as np
@@ -213,3 +214,41 @@ def test_study_table_compares_each_row_with_sync_sgd_at_its_straggler_setting():
   gba_line = gba_study.table(rows).splitlines()[4]
   assert gba_line.startswith('| 10% of steps 4x slower | gba | 0.8080 | +1.00% |')
   assert '| 2.50x |' in gba_line and '| 4 / 0 / 1 |' in gba_line
+
+
+def test_learning_rate_tuning_trains_sync_sgd_at_each_rate_and_keeps_the_lowest_ne(monkeypatch, tmp_path):
+  from experiments.configs import gba as gba_config  # pylint: disable=g-import-not-at-top
+  from shadowsync_jax import gba_study  # pylint: disable=g-import-not-at-top
+  trained = []
+
+  def fake_train(config, workdir):
+    trained.append((config.sync.algorithm, config.gba.straggler_prob, config.optimizer.mlp_learning_rate,
+                    config.optimizer.embedding_learning_rate, pathlib.Path(workdir).name))
+    return {'eval_ne': {0.05: 0.85, 0.1: 0.84, 0.2: 0.86}[config.optimizer.mlp_learning_rate], 'eval_auc': 0.7}
+
+  monkeypatch.setattr(gba_study.train, 'train_and_evaluate', fake_train)
+  base = gba_config.get_config('tiny')
+  base.gba.straggler_prob = 0.3
+  best, summaries = gba_study.tune_learning_rate(base, tmp_path, [0.05, 0.1, 0.2])
+  assert best == 0.1
+  assert trained == [('sync_sgd', 0.0, rate, rate, f'lr{rate:g}') for rate in (0.05, 0.1, 0.2)]
+  assert [line.split('|')[-2].strip() for line in gba_study.learning_rate_table(summaries).splitlines()[2:]] == [
+      '', 'chosen', '']
+  before = base.optimizer.embedding_learning_rate
+  assert gba_study.with_learning_rate(base, before * 3).optimizer.embedding_learning_rate == before * 3
+  assert base.optimizer.embedding_learning_rate == before  # The base config is left as it was.
+
+
+def test_mean_table_averages_each_cell_over_seeds_against_the_same_seeds_sync_sgd():
+  from shadowsync_jax import gba_study  # pylint: disable=g-import-not-at-top
+  config = {'gba': {'straggler_slowdown': 4.0}}
+
+  def rows(sync_ne, gba_ne, gba_auc):
+    return [{'sync_algorithm': 'sync_sgd', 'straggler_prob': 0.1, 'eval_ne': sync_ne, 'eval_auc': 0.70,
+             'emulated_examples_per_sec': 100.0, 'config': config},
+            {'sync_algorithm': 'gba', 'straggler_prob': 0.1, 'eval_ne': gba_ne, 'eval_auc': gba_auc,
+             'emulated_examples_per_sec': 250.0, 'config': config}]
+
+  gba_line = gba_study.mean_table({0: rows(0.80, 0.808, 0.71), 3: rows(0.90, 0.882, 0.69)}).splitlines()[3]
+  assert gba_line == ('| 10% of steps 4x slower | gba | 0.8450 | -0.50% (+1.00%, -2.00%) | 0.7000 (0.7100, 0.6900) '
+                      '| 2.50x |')
