@@ -66,8 +66,12 @@ def main(argv):
   if summary.get('eval_ne') is not None:
     floor = summary['bayes_ne']
     vs_floor = f' (Bayes NE floor {floor:.4f}: {100 * (summary["eval_ne"] / floor - 1):+.1f}%)' if floor else ''
-    print(f'eval NE {summary["eval_ne"]:.4f}{vs_floor}  AUC {summary["eval_auc"]:.4f}  '
-          f'{summary["examples_per_sec"]:,.0f} examples/sec  -> {FLAGS.workdir}/summary.json')
+    speed = summary['examples_per_sec']
+    # None: the workdir held a finished run, resumed at its end; its model was evaluated, nothing was trained.
+    speed = ('no step trained (the workdir held a finished run; a new --workdir trains again)' if speed is None
+             else f'{speed:,.0f} examples/sec')
+    print(f'eval NE {summary["eval_ne"]:.4f}{vs_floor}  AUC {summary["eval_auc"]:.4f}  {speed}  '
+          f'-> {FLAGS.workdir}/summary.json')
 
 
 if __name__ == '__main__':

@@ -311,3 +311,10 @@ def test_a_run_killed_while_saving_resumes_from_the_newest_complete_checkpoint(t
   # Nothing restored was corrupted: the model is bit for bit the one of a run that was never killed.
   assert resumed['consensus_fingerprint_per_process'] == failure_free['consensus_fingerprint_per_process']
   assert resumed['eval_ne'] == failure_free['eval_ne']
+
+  # Run once more on the finished workdir (a user repeating the command): it evaluates, trains nothing, exits 0.
+  again = subprocess.run(_train_command(tmp_path), cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=600, check=False)
+  assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+  assert 'Resumed from the checkpoint at step 96 of 96' in again.stdout and 'no step trained' in again.stdout
+  assert json.loads((tmp_path / 'summary.json').read_text())['eval_ne'] == failure_free['eval_ne']
