@@ -1,15 +1,16 @@
 r"""The GBA study: sync_sgd, async_sgd and gba with the same hyperparameters, without and with stragglers.
 
   python -m experiments.gba_study [--config=experiments/configs/gba.py[:tiny]] [--straggler_prob=0.1] \
-      [--tune_learning_rates=0.025,0.05,0.1,0.2] [--seeds=0,1,2] [--workdir=DIR] [--out=benchmarks/results/gba_study.md] \
-      [--config.gba.KEY=VALUE ...]
+      [--tune_learning_rates=0.025,0.05,0.1,0.2] [--seeds=0,1,2] [--workdir=DIR] \
+      [--out=benchmarks/results/gba_study.md] [--config.gba.KEY=VALUE ...]
 
 With --tune_learning_rates, sync_sgd first trains at each rate (the MLP's and the tables' alike) and the study
 runs at the one of the best eval NE (the GBA paper's protocol: hyperparameters tuned for synchronous training, then
 kept); without it, at the config's rates. With several --seeds (each a different teacher, initialization and data
-stream) the study runs once per seed (the rates tuned on the first) and a table of the means follows. Prints a markdown table (eval NE and its difference to sync_sgd, AUC,
-emulated examples/sec and its ratio to sync_sgd's, real examples/sec, wall time, staleness, decayed/dropped
-gradients and lost tokens) and writes it with the raw summaries to --out. The expected result is in the config's docstring; the README's section GBA shows a run.
+stream) the study runs once per seed (the rates tuned on the first) and a table of the means follows. Prints
+markdown tables (eval NE and its difference to sync_sgd, AUC, emulated examples/sec and its ratio to sync_sgd's,
+real examples/sec, wall time, staleness, decayed/dropped gradients and lost tokens) and writes them with the raw
+summaries to --out. The expected result is in the config's docstring; the README's section GBA shows a run.
 """
 
 import pathlib

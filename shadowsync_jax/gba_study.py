@@ -112,15 +112,25 @@ def _sync_sgd_emulated(config: ml_collections.ConfigDict) -> dict[str, float]:
           'emulated_examples_per_sec': steps * config.num_replicas * config.batch_size / seconds}
 
 
+def _sync_sgd_row(rows: list[dict[str, Any]], straggler_prob: float) -> dict[str, Any]:
+  return next(r for r in rows if r['sync_algorithm'] == 'sync_sgd' and r['straggler_prob'] == straggler_prob)
+
+
+def _stragglers(row: dict[str, Any]) -> str:
+  """The straggler setting of a row, as the tables name it."""
+  if row['straggler_prob'] == 0:
+    return 'none'
+  return f'{row["straggler_prob"]:.0%} of steps {row["config"]["gba"]["straggler_slowdown"]:g}x slower'
+
+
 def table(rows: list[dict[str, Any]]) -> str:
   """A markdown table, each row compared with sync_sgd at the same straggler setting."""
   lines = ['| stragglers | algorithm | eval NE | NE vs sync_sgd | AUC | emulated ex/s | vs sync_sgd | real ex/s | '
            'wall time | mean staleness | decayed / dropped / lost |',
            '|---|---|---|---|---|---|---|---|---|---|---|']
   for r in rows:
-    sync = next(s for s in rows if s['sync_algorithm'] == 'sync_sgd' and s['straggler_prob'] == r['straggler_prob'])
-    slowdown = r['config']['gba']['straggler_slowdown']
-    stragglers = 'none' if r['straggler_prob'] == 0 else f'{r["straggler_prob"]:.0%} of steps {slowdown:g}x slower'
+    sync = _sync_sgd_row(rows, r['straggler_prob'])
+    stragglers = _stragglers(r)
     staleness = '' if r.get('mean_staleness') is None else f'{r["mean_staleness"]:.2f} (max {r["max_staleness"]})'
     counts = ('' if r.get('decayed_gradients') is None
               else f'{r["decayed_gradients"]} / {r["dropped_gradients"]} / {r["lost_tokens"]}')
@@ -151,16 +161,13 @@ def mean_table(rows_by_seed: dict[int, list[dict[str, Any]]]) -> str:
   first = rows_by_seed[seeds[0]]
   for position, r in enumerate(first):
     same_cell = [rows_by_seed[seed][position] for seed in seeds]
-    syncs = [next(s for s in rows_by_seed[seed] if s['sync_algorithm'] == 'sync_sgd'
-                  and s['straggler_prob'] == r['straggler_prob']) for seed in seeds]
+    syncs = [_sync_sgd_row(rows_by_seed[seed], r['straggler_prob']) for seed in seeds]
     ne_vs_sync = [100 * (row['eval_ne'] / sync['eval_ne'] - 1) for row, sync in zip(same_cell, syncs)]
     aucs = [row['eval_auc'] for row in same_cell]
     speedups = [row['emulated_examples_per_sec'] / sync['emulated_examples_per_sec']
                 for row, sync in zip(same_cell, syncs)]
-    slowdown = r['config']['gba']['straggler_slowdown']
-    stragglers = 'none' if r['straggler_prob'] == 0 else f'{r["straggler_prob"]:.0%} of steps {slowdown:g}x slower'
     lines.append(
-        f'| {stragglers} | {r["sync_algorithm"]} | {sum(row["eval_ne"] for row in same_cell) / len(seeds):.4f} | '
+        f'| {_stragglers(r)} | {r["sync_algorithm"]} | {sum(row["eval_ne"] for row in same_cell) / len(seeds):.4f} | '
         f'{sum(ne_vs_sync) / len(seeds):+.2f}% ({", ".join(f"{x:+.2f}%" for x in ne_vs_sync)}) | '
         f'{sum(aucs) / len(seeds):.4f} ({", ".join(f"{x:.4f}" for x in aucs)}) | '
         f'{sum(speedups) / len(seeds):.2f}x |')

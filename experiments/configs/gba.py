@@ -6,8 +6,8 @@ r"""The GBA study's setting: the default problem on 8 workers of batch 64, 1M ex
 stragglers (`--straggler_prob`, default 0.1: a step is 4x slower with that chance, per worker and step), and prints
 the README's table. Expected on 2 CPU cores: about 5 minutes (8 with `--tune_learning_rates=0.025,0.05,0.1,0.2`);
 gba's eval NE within a few tenths of a percent of sync_sgd's; with stragglers gba about 2x sync_sgd's emulated
-examples/sec. `:tiny` is the smoke test's variant (the
-tiny problem, seconds per run; too short for the figures above).
+examples/sec. `:tiny` is the smoke test's variant (the tiny problem, seconds per run; too short for the figures
+above).
 """
 
 from experiments.configs import default
