@@ -80,6 +80,22 @@ def test_elastic_averaging_matches_reference(num_replicas):
     _assert_close(state_R.center, center_R, f'ea center on every replica, round {round_}')
 
 
+def test_model_averaging_keeps_each_leafs_dtype_and_shape():
+  """The round all-reduces one flat vector per dtype; every leaf must come back whole, in its own dtype."""
+  num_replicas = 4
+  mesh = replicas.make_mesh(num_replicas)
+  rng = np.random.default_rng(3)
+  tree_R = {'kernel': rng.standard_normal((num_replicas, 3, 5)).astype(np.float32),
+            'scale': rng.standard_normal((num_replicas, 4)).astype(jax.numpy.bfloat16),
+            'bias': rng.standard_normal((num_replicas, 7)).astype(np.float32)}
+  _, sync_R = sa.stacked(sa.make('ma', replicas.REPLICA_AXIS, num_replicas, 0.1, -1.0, 1.0), mesh)
+  got_R, _ = sync_R(replicas.shard(tree_R, mesh), sa.ModelAveragingState())
+  for name, leaf_R in tree_R.items():
+    assert got_R[name].dtype == leaf_R.dtype and got_R[name].shape == leaf_R.shape, name
+    want = np.broadcast_to(leaf_R.astype(np.float32).mean(axis=0), leaf_R.shape)
+    np.testing.assert_allclose(np.asarray(got_R[name], np.float32), want, rtol=2e-2, atol=2e-2, err_msg=name)
+
+
 def test_elastic_averaging_round_conserves_sum_of_replicas_and_center():
   """A round only moves weight between replicas and center: sum_i w_i + c is what it conserves."""
   num_replicas, alpha = 4, 0.2
