@@ -20,6 +20,7 @@ SYNC_ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma',
 IMPLEMENTED_SYNC_ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf',
                                'gba', 'async_sgd')
 PARAMETER_SERVER_ALGORITHMS = ('gba', 'async_sgd')  # One server model, workers in emulated time (gba_training).
+SHADOW_ALGORITHMS = ('shadow_ma', 'shadow_ea', 'shadow_bmuf')  # Rounds in a background thread (shadow_sync).
 SYNCED_PARAMS = ('dense', 'all')
 EMBEDDING_PLACEMENTS = ('replicated', 'shared')
 MLP_OPTIMIZERS = ('sgd', 'adagrad', 'adam')
