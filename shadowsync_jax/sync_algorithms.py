@@ -64,7 +64,7 @@ def _flat_collective(collective: Callable[[jax.Array], jax.Array], tree: PyTree)
   """
   leaves, treedef = jax.tree.flatten(tree)
   out = list(leaves)
-  for dtype in {leaf.dtype for leaf in leaves}:
+  for dtype in dict.fromkeys(leaf.dtype for leaf in leaves):  # In leaf order: every process issues the same.
     index = [i for i, leaf in enumerate(leaves) if leaf.dtype == dtype]
     flat = collective(jnp.concatenate([leaves[i].reshape(-1) for i in index]))
     offsets = np.cumsum([0] + [leaves[i].size for i in index])
