@@ -1,6 +1,6 @@
 r"""The ShadowSync study: every sync algorithm on the same data, R replicas, total training data fixed, one run.
 
-  python -m benchmarks.sync_study --min_interval_s=0.1 --repeats=2 [--num_replicas=8] [--batch_size=64] \
+  python -m benchmarks.sync_study --min_interval_s=0.2 --repeats=3 [--num_replicas=8] [--batch_size=64] \
       [--num_train_examples=1000000] [--out=benchmarks/results/sync_study.md]
 
 Runs `none`, `sync_sgd`, the three foreground algorithms (every `--every_k_steps`), the three shadow algorithms,
