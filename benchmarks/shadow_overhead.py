@@ -31,16 +31,14 @@ flags.DEFINE_bool('tiny', False, 'The tiny config, for a smoke test.')
 FLAGS = flags.FLAGS
 
 
-def _config(algorithm: str):
+def _config(algorithm: str, steps: int):
   from experiments.configs import default  # pylint: disable=g-import-not-at-top  (after the device count is set)
-  from shadowsync_jax import shadow_overhead  # pylint: disable=g-import-not-at-top
   config = default.get_config('tiny' if FLAGS.tiny else '')
   config.num_replicas = FLAGS.num_replicas
   config.batch_size = FLAGS.batch_size
   config.sync.algorithm = algorithm
   config.sync.min_interval_s = FLAGS.min_interval_s
   config.sync.what = FLAGS.what
-  steps = shadow_overhead.steps_needed(FLAGS.window_steps, FLAGS.pairs)
   config.data.num_train_examples = steps * FLAGS.num_replicas * FLAGS.batch_size
   return config
 
@@ -62,9 +60,10 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   jax.config.update('jax_num_cpu_devices', max(FLAGS.num_replicas, 1))
   from shadowsync_jax import shadow_overhead  # pylint: disable=g-import-not-at-top  (after the device count is set)
+  steps = shadow_overhead.steps_needed(FLAGS.window_steps, FLAGS.pairs)
   rows = {}
   for algorithm in FLAGS.algorithms:
-    rows[algorithm] = shadow_overhead.measure(_config(algorithm), FLAGS.window_steps, FLAGS.pairs)
+    rows[algorithm] = shadow_overhead.measure(_config(algorithm, steps), FLAGS.window_steps, FLAGS.pairs)
     print(f'{algorithm}: ratio {rows[algorithm]["ratio_median"]:.3f}', flush=True)
   table = _table(rows)
   print(table)
