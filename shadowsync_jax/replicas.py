@@ -187,6 +187,15 @@ def fetch(tree: PyTree) -> PyTree:
   return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)) if x.is_fully_replicated else np.asarray(x), tree)
 
 
+def host_mean(values_L: jax.Array) -> float:
+  """The mean of a per-replica value of this process's replicas (a step's losses), computed on the host.
+
+  `np.mean(values_L)` would call `values_L.mean()`: a jitted program with an all-reduce over the replica devices,
+  one more cross-replica collective on the training thread every step.
+  """
+  return float(np.asarray(values_L).mean())
+
+
 def gather_from_processes(value: float | int) -> list:
   """[value of process 0, value of process 1, ...] on every process."""
   check_collective_thread('gathering from the processes')

@@ -108,7 +108,7 @@ class _Loop:
       if driver is not None:
         self.state = driver.after_step(self._step, self.state)
       if self._pending_loss is not None:  # As in training: reading step N-1's loss keeps the queue one step deep.
-        float(np.mean(self._pending_loss))
+        replicas.host_mean(self._pending_loss)
       self._pending_loss = metrics['loss']
     jax.block_until_ready(self.state)
     return steps * self._examples_per_step / (time.perf_counter() - start)

@@ -86,12 +86,15 @@ class ShadowSync:
     self._failed = threading.Event()
     self._thread: threading.Thread | None = None
     self._paused = False
+    self._compiled = False
     self._gaps = sync_drivers.GapTracker()
 
   def initial_sync_state(self, state_L: Any) -> PyTree:
     return self._init_R(replicas.to_job(sync_drivers.select(state_L.params, self._groups), self._meshes))
 
   def start(self, state_L: Any, sync_state_R: PyTree) -> None:
+    """Compiles what the rounds run, then starts the thread."""
+    self._compile_rounds(state_L, sync_state_R)
     self._sync_state_R = sync_state_R
     self._gaps.reset(int(state_L.step[0]))
     self._stop.clear()
@@ -100,6 +103,20 @@ class ShadowSync:
     self._thread = threading.Thread(target=self._run, name='shadow-sync', daemon=True)
     replicas.reserve_collectives(self._thread)  # Until finish: the thread is the only issuer of collectives.
     self._thread.start()
+
+  def _compile_rounds(self, state_L: Any, sync_state_R: PyTree) -> None:
+    """Compiles the snapshot copy, the round and the merge for these shapes, once, before training goes on.
+
+    Compiled on first use instead, the round (a second or more of compiling for `ea`) would take the training
+    thread's cores, and the merge would stop the training thread itself, inside the run's timed steps.
+    """
+    if self._compiled:
+      return
+    synced_L = sync_drivers.select(state_L.params, self._groups)
+    _copy.lower(synced_L).compile()
+    self._sync_R.lower(replicas.to_job(synced_L, self._meshes), sync_state_R).compile()
+    _merge.lower(synced_L, synced_L, synced_L).compile()
+    self._compiled = True
 
   def after_step(self, step: int, state_L: Any) -> Any:
     """At a step boundary: raise the thread's error, merge a finished round, hand over a wanted snapshot."""

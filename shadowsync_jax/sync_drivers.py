@@ -39,7 +39,8 @@ class SyncDriver(Protocol):
     ...
 
   def start(self, state_L: Any, sync_state_R: PyTree | None) -> None:
-    ...
+    """Compiles what the rounds run (so that no compile happens among the timed training steps), then starts
+    them."""
 
   def sync_state(self) -> PyTree | None:
     """The current sync state, to checkpoint with the train state (None for algorithms without rounds)."""
@@ -169,6 +170,8 @@ class ForegroundSync(_TrainingThreadOnly):
     return self._init_R(replicas.to_job(select(state_L.params, self._groups), self._meshes))
 
   def start(self, state_L: Any, sync_state_R: PyTree) -> None:
+    """Compiles the round for these shapes (not at the first round, inside the run's timed steps)."""
+    self._sync_R.lower(replicas.to_job(select(state_L.params, self._groups), self._meshes), sync_state_R).compile()
     self._sync_state_R = sync_state_R
     self._gaps.reset(int(state_L.step[0]))
 

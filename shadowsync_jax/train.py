@@ -146,6 +146,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   driver.start(state, sync_state)
   recovery.start(start_step, state, sync_state)
+  sync_drivers.replica_divergence.lower(state.params).compile()  # Logged among the timed steps: compiled before.
   step, window, batches = start_step, _LossWindow(), batches_from(start_step)
   timed_start, timed_steps, pending_loss = None, 0, None
   try:
@@ -156,7 +157,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       step += 1
       state = driver.after_step(step, state)
       if pending_loss is not None:  # Step N-1's loss: reading it keeps the dispatch queue one step deep.
-        window.add(float(np.mean(pending_loss)))
+        window.add(replicas.host_mean(pending_loss))
       pending_loss = metrics['loss']
       if timed_start is None:  # The first step compiles: examples/sec counts from its end.
         jax.block_until_ready(pending_loss)

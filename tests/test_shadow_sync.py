@@ -90,6 +90,9 @@ class HeldRounds:
     self.rounds.append((snapshot, jax.tree.map(np.asarray, synced_R), jax.tree.map(np.asarray, sync_state_R)))
     return synced_R, sync_state_R
 
+  def lower(self, *args):  # The driver compiles the round ahead, when it starts.
+    return self._sync_R.lower(*args)
+
 
 @contextlib.contextmanager
 def _holding_rounds(driver, monkeypatch, fail: BaseException | None = None):
@@ -202,26 +205,39 @@ def _failing_model_averaging() -> sync_algorithms.SyncAlgorithm:
   return sync_algorithms.SyncAlgorithm(sync_algorithms.model_averaging(replicas.REPLICA_AXIS).init, sync)
 
 
-def test_thread_error_reaches_the_next_after_step_and_finish():
-  """The original exception, at the first step boundary after the thread died, then again from `finish`."""
+def test_a_round_that_cannot_compile_fails_start_in_the_training_thread():
+  """The driver compiles its round when it starts: an algorithm that cannot be traced fails there, with its own
+  error, before any thread runs."""
   loop = Loop(_driver('ma', 4, algorithm=_failing_model_averaging()), 4)
-  thread = _start(loop)
-
-  def steps_until_raised():
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
-      thread_was_dead = not thread.is_alive()
-      loop.advance()
-      assert not thread_was_dead, 'after_step returned normally after the thread had died'
-      thread.join(0.01)  # Lets the thread run; the test does not depend on how long it takes.
-
-  with pytest.raises(SyncFailed) as raised:
-    _within(TIMEOUT_S * 1.5, steps_until_raised)
-  assert type(raised.value) is SyncFailed  # pylint: disable=unidiomatic-typecheck
-  assert str(raised.value) == 'round 1 of model averaging failed on purpose'
+  before = set(threading.enumerate())
   with pytest.raises(SyncFailed, match='failed on purpose'):
-    _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
-  assert not thread.is_alive()
+    loop.driver.start(loop.state, loop.driver.initial_sync_state(loop.state))
+  assert set(threading.enumerate()) == before
+
+
+def test_thread_error_reaches_the_next_after_step_and_finish(monkeypatch):
+  """The original exception, at the first step boundary after the thread died, then again from `finish`."""
+  loop = Loop(_driver('ma', 4), 4)
+  with _holding_rounds(loop.driver, monkeypatch, fail=SyncFailed('round 1 of model averaging failed on purpose')
+                       ) as held:
+    held.release.set()  # The first round fails as soon as it is called, in the thread.
+    thread = _start(loop)
+
+    def steps_until_raised():
+      deadline = time.monotonic() + TIMEOUT_S
+      while time.monotonic() < deadline:
+        thread_was_dead = not thread.is_alive()
+        loop.advance()
+        assert not thread_was_dead, 'after_step returned normally after the thread had died'
+        thread.join(0.01)  # Lets the thread run; the test does not depend on how long it takes.
+
+    with pytest.raises(SyncFailed) as raised:
+      _within(TIMEOUT_S * 1.5, steps_until_raised)
+    assert type(raised.value) is SyncFailed  # pylint: disable=unidiomatic-typecheck
+    assert str(raised.value) == 'round 1 of model averaging failed on purpose'
+    with pytest.raises(SyncFailed, match='failed on purpose'):
+      _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+    assert not thread.is_alive()
 
 
 def test_finish_raises_an_error_no_step_saw(monkeypatch):

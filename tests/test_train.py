@@ -86,6 +86,44 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, overrides):
   assert resumed['eval_auc'] == pytest.approx(uninterrupted['eval_auc'], rel=1e-6)
 
 
+@pytest.mark.parametrize('algorithm', ['none', 'fr_ma', 'shadow_ea'])
+def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm):
+  """examples/sec counts from the end of the first step: a compile after it (the first round, merge, loss read
+  or log) would be counted as training time, and one in the shadow thread takes the trainers' cores."""
+  compiles, compiles_before_step = [], []
+
+  def on_event(event, duration_s, **kwargs):
+    del duration_s, kwargs
+    if event == '/jax/core/compile/backend_compile_duration':  # Any thread's XLA compile.
+      compiles.append(event)
+
+  make_train_step = train.make_train_step
+
+  def counting_make_train_step(config, meshes):
+    train_step = make_train_step(config, meshes)
+
+    def counted(state, batch):
+      compiles_before_step.append(len(compiles))
+      return train_step(state, batch)
+
+    return counted
+
+  monkeypatch.setattr(train, 'make_train_step', counting_make_train_step)
+  jax.monitoring.register_event_duration_secs_listener(on_event)
+  try:
+    summary = train.train_and_evaluate(
+        _tiny(num_replicas=8, batch_size=32, data__num_train_examples=16_384, sync__algorithm=algorithm,
+              sync__every_k_steps=10, sync__min_interval_s=0.0), tmp_path)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_event)
+  assert len(compiles_before_step) == 64
+  if algorithm != 'none':
+    assert summary['sync_rounds'] >= 1
+  # The first step compiles (and everything compiled ahead comes before it); from the second to the last, nothing.
+  assert compiles_before_step[1] > 0
+  assert compiles_before_step[-1] == compiles_before_step[1], compiles_before_step
+
+
 def test_invalid_config_fails_before_training(tmp_path):
   with pytest.raises(config_lib.ConfigError, match='num_replicas'):
     train.train_and_evaluate(_tiny(num_replicas=16), tmp_path)
