@@ -21,6 +21,7 @@ rounds the same way when the training thread needs collectives of its own (a che
 them.
 """
 
+import functools
 import queue
 import threading
 import time
@@ -40,8 +41,9 @@ _POLL_S = 0.05  # How often a waiting thread checks whether it was asked to stop
 _ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
 
 
-@jax.jit
+@functools.partial(jax.jit, donate_argnums=0)
 def _merge(params_R: PyTree, snapshot_R: PyTree, synced_R: PyTree) -> PyTree:
+  """`w + (s' - s)`, in place (new buffers for every merged param cost the training thread a quarter more)."""
   return jax.tree.map(lambda w, s, s_new: w + (s_new - s), params_R, snapshot_R, synced_R)
 
 
