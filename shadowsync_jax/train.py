@@ -146,7 +146,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   driver.start(state, sync_state)
   recovery.start(start_step, state, sync_state)
-  sync_drivers.replica_divergence.lower(state.params).compile()  # Logged among the timed steps: compiled before.
+  log_every = config.train.log_every_steps
+  if stop_step // log_every > start_step // log_every:  # Some step logs the divergence: compiled before the steps.
+    sync_drivers.replica_divergence.lower(state.params).compile()
   step, window, batches = start_step, _LossWindow(), batches_from(start_step)
   timed_start, timed_steps, pending_loss = None, 0, None
   try:
