@@ -25,7 +25,7 @@ from shadowsync_jax import replicas
 from shadowsync_jax import sync_drivers
 from shadowsync_jax import train
 
-_WARMUP_STEPS = 20  # Compiles the step, and a round, before any window is timed.
+_WARMUP_STEPS = 20  # Compiles the step before any window is timed (a driver compiles its round in `start`).
 
 
 def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) -> dict[str, Any]:
