@@ -9,8 +9,8 @@ limit is the best f32 matmul rate measured in the same process; one training exa
 
   fraction_of_compute_limit = examples_per_sec * 2.916e6 / best_matmul_flops_per_sec.
 
-Measured on a 2-core AMD EPYC (Zen 3) VM shared with other jobs (limit 137-142 GFLOP/s): 0.69-0.70 of the limit
-at batch 1024 (33-34k examples/s) and up to 0.54 at batch 128 (26.5k examples/s; overhead-bound, so the most
+Measured on a 2-core AMD EPYC (Zen 3) VM shared with other jobs (limit 138-180 GFLOP/s): 0.64-0.74 of the limit
+at batch 1024 (30-45k examples/s) and 0.39-0.60 at batch 128 (18-37k examples/s; overhead-bound, so the most
 sensitive to load: 0.31 in a busy run).
 """
 

@@ -12,8 +12,9 @@ in flight when a window ends is merged after that window's clock stops. Windows 
 machine's load, so their ratio is the thread's cost.
 """
 
+import math
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import ml_collections
@@ -32,6 +33,7 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
   """Trains `config` (one process, a `shadow_*` algorithm) in `pairs` pairs of windows; returns their figures.
 
   Keys: ratio_median, ratio_q25, ratio_q75 (examples/sec with / without the thread, per pair),
+  ratio_median_low, ratio_median_high, ratio_median_coverage (`median_interval` of the per-pair ratios),
   examples_per_sec_without, examples_per_sec_with (medians over the windows), pairs, window_steps, and the
   driver's sync_rounds, mean_sync_gap, max_sync_gap, mean_round_latency_s over the windows with the thread.
   """
@@ -74,16 +76,41 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
         loop.state = driver.finish(loop.state)
         sync_state = driver.sync_state()
   ratio = np.asarray(rates[True]) / np.asarray(rates[False])
+  low, high, coverage = median_interval(ratio)
   return {
       'ratio_median': float(np.median(ratio)),
       'ratio_q25': float(np.quantile(ratio, 0.25)),
       'ratio_q75': float(np.quantile(ratio, 0.75)),
+      'ratio_median_low': low,
+      'ratio_median_high': high,
+      'ratio_median_coverage': coverage,
       'examples_per_sec_without': float(np.median(rates[False])),
       'examples_per_sec_with': float(np.median(rates[True])),
       'pairs': pairs,
       'window_steps': window_steps,
       **driver.stats(),
   }
+
+
+def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+  """A distribution-free confidence interval of the median: `(low, high, coverage)`.
+
+  The order statistics x_(k) <= x_(n+1-k) of n independent samples hold the population median with probability
+  1 - 2 P(Binomial(n, 1/2) < k) (the sign test); k is the largest whose coverage is at least `level`, so
+  `coverage` is that probability. Fewer than 6 samples cannot reach 95%: then [min, max] and its coverage.
+  """
+  x = np.sort(np.asarray(values, np.float64))
+  n = len(x)
+  if n == 0:
+    raise ValueError('median_interval of no values.')
+
+  def coverage(k: int) -> float:  # P(x_(k) <= median <= x_(n+1-k))
+    return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0**n
+
+  k = 1
+  while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
+    k += 1
+  return float(x[k - 1]), float(x[n - k]), coverage(k)
 
 
 def steps_needed(window_steps: int, pairs: int) -> int:
