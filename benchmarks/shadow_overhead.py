@@ -55,8 +55,7 @@ def _table(rows: dict[str, dict]) -> str:
     lines.append(f'| {name} | {r["examples_per_sec_without"]:,.0f} | {r["examples_per_sec_with"]:,.0f} | '
                  f'{r["ratio_median"]:.3f} | {r["ratio_median_low"]:.3f}-{r["ratio_median_high"]:.3f} '
                  f'({100 * r["ratio_median_coverage"]:.0f}%) | {r["ratio_q25"]:.3f}-{r["ratio_q75"]:.3f} | '
-                 f'{r["sync_rounds"]} | '
-                 f'{gap} |')
+                 f'{r["sync_rounds"]} | {gap} |')
   return '\n'.join(lines)
 
 
