@@ -14,12 +14,12 @@ of the median is distribution-free (`shadow_overhead.median_interval`, the sign 
 
 import pathlib
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
 
-from shadowsync_jax import study_report
+from shadowsync_jax import cli
+from shadowsync_jax.studies import report as study_report
 
 flags.DEFINE_list('algorithms', ['shadow_ma', 'shadow_ea', 'shadow_bmuf'], 'Shadow algorithms to measure.')
 flags.DEFINE_float('min_interval_s', 0.2, 'Least seconds between background rounds.')
@@ -36,6 +36,7 @@ FLAGS = flags.FLAGS
 
 def _config(algorithm: str, steps: int):
   from experiments.configs import default  # pylint: disable=g-import-not-at-top  (after the device count is set)
+
   config = default.get_config('tiny' if FLAGS.tiny else '')
   config.num_replicas = FLAGS.num_replicas
   config.batch_size = FLAGS.batch_size
@@ -48,14 +49,19 @@ def _config(algorithm: str, steps: int):
 
 
 def _table(rows: dict[str, dict]) -> str:
-  lines = ['| algorithm | examples/sec without the thread | with it | ratio (median) | interval of the median | '
-           'quartiles | rounds | mean sync gap |', '|---|---|---|---|---|---|---|---|']
+  lines = [
+    '| algorithm | examples/sec without the thread | with it | ratio (median) | interval of the median | '
+    'quartiles | rounds | mean sync gap |',
+    '|---|---|---|---|---|---|---|---|',
+  ]
   for name, r in rows.items():
     gap = '' if r['mean_sync_gap'] is None else f'{r["mean_sync_gap"]:.1f}'
-    lines.append(f'| {name} | {r["examples_per_sec_without"]:,.0f} | {r["examples_per_sec_with"]:,.0f} | '
-                 f'{r["ratio_median"]:.3f} | {r["ratio_median_low"]:.3f}-{r["ratio_median_high"]:.3f} '
-                 f'({100 * r["ratio_median_coverage"]:.0f}%) | {r["ratio_q25"]:.3f}-{r["ratio_q75"]:.3f} | '
-                 f'{r["sync_rounds"]} | {gap} |')
+    lines.append(
+      f'| {name} | {r["examples_per_sec_without"]:,.0f} | {r["examples_per_sec_with"]:,.0f} | '
+      f'{r["ratio_median"]:.3f} | {r["ratio_median_low"]:.3f}-{r["ratio_median_high"]:.3f} '
+      f'({100 * r["ratio_median_coverage"]:.0f}%) | {r["ratio_q25"]:.3f}-{r["ratio_q75"]:.3f} | '
+      f'{r["sync_rounds"]} | {gap} |'
+    )
   return '\n'.join(lines)
 
 
@@ -64,7 +70,8 @@ def main(argv):
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   jax.config.update('jax_num_cpu_devices', max(FLAGS.num_replicas, 1))
-  from shadowsync_jax import shadow_overhead  # pylint: disable=g-import-not-at-top  (after the device count is set)
+  from shadowsync_jax.studies import shadow_overhead  # pylint: disable=g-import-not-at-top  (after the device count is set)
+
   steps = shadow_overhead.steps_needed(FLAGS.window_steps, FLAGS.pairs)
   rows = {}
   for algorithm in FLAGS.algorithms:
@@ -72,14 +79,15 @@ def main(argv):
     print(f'{algorithm}: ratio {rows[algorithm]["ratio_median"]:.3f}', flush=True)
   table = _table(rows)
   print(table)
-  setup = (f'{FLAGS.num_replicas} replicas x batch {FLAGS.batch_size}, default config, sync.what={FLAGS.what}, '
-           f'embedding_placement={FLAGS.embedding_placement}, '
-           f'min_interval_s={FLAGS.min_interval_s}; {FLAGS.pairs} pairs of {FLAGS.window_steps}-step windows per '
-           'algorithm, in one process, the order swapped every pair')
-  out = study_report.write(FLAGS.out, 'Shadow thread overhead', study_report.command_line(), table, rows,
-                           note=setup)
+  setup = (
+    f'{FLAGS.num_replicas} replicas x batch {FLAGS.batch_size}, default config, sync.what={FLAGS.what}, '
+    f'embedding_placement={FLAGS.embedding_placement}, '
+    f'min_interval_s={FLAGS.min_interval_s}; {FLAGS.pairs} pairs of {FLAGS.window_steps}-step windows per '
+    'algorithm, in one process, the order swapped every pair'
+  )
+  out = study_report.write(FLAGS.out, 'Shadow thread overhead', study_report.command_line(), table, rows, note=setup)
   print(f'written to {pathlib.Path(out)}')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

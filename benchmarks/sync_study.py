@@ -13,12 +13,12 @@ and its ratio to `none`, rounds, mean sync gap) and writes it, with the raw summ
 import pathlib
 import tempfile
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
 
-from shadowsync_jax import study_report
+from shadowsync_jax import cli
+from shadowsync_jax.studies import report as study_report
 
 flags.DEFINE_integer('num_replicas', 8, 'Replicas (virtual CPU devices on a CPU machine).')
 flags.DEFINE_integer('num_train_examples', 1_000_000, 'Length of the one-pass training stream, for every run.')
@@ -29,8 +29,12 @@ flags.DEFINE_string('what', 'all', "What a round syncs: 'all' or 'dense'.")
 flags.DEFINE_string('embedding_placement', 'replicated', "'replicated' or 'shared'.")
 flags.DEFINE_string('out', 'benchmarks/results/sync_study.md', 'Where the table and raw summaries go.')
 flags.DEFINE_bool('tiny', False, 'The tiny config (seconds per run), for a smoke test.')
-flags.DEFINE_integer('repeats', 1, 'Runs of the whole grid, interleaved; examples/sec is the best of them (on a '
-                     'shared machine the best run is the least disturbed one), NE and the rest from the first.')
+flags.DEFINE_integer(
+  'repeats',
+  1,
+  'Runs of the whole grid, interleaved; examples/sec is the best of them (on a '
+  'shared machine the best run is the least disturbed one), NE and the rest from the first.',
+)
 FLAGS = flags.FLAGS
 
 ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf')
@@ -38,6 +42,7 @@ ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'sha
 
 def _config(algorithm: str, every_k_steps: int):
   from experiments.configs import default  # pylint: disable=g-import-not-at-top  (after the device count is set)
+
   config = default.get_config('tiny' if FLAGS.tiny else '')
   config.num_replicas = FLAGS.num_replicas
   config.batch_size = FLAGS.batch_size
@@ -54,6 +59,7 @@ def _config(algorithm: str, every_k_steps: int):
 
 def _run(label: str, algorithm: str, every_k_steps: int, root: pathlib.Path) -> dict:
   from shadowsync_jax import train  # pylint: disable=g-import-not-at-top
+
   print(f'--- {label}', flush=True)
   summary = train.train_and_evaluate(_config(algorithm, every_k_steps), root / label)
   summary['label'] = label
@@ -64,13 +70,17 @@ def _table(rows: list[dict]) -> str:
   none_eps = next(r['examples_per_sec'] for r in rows if r['label'] == 'none')
   sync_ne = next(r['eval_ne'] for r in rows if r['label'] == 'sync_sgd')
   floor = rows[0]['bayes_ne']
-  lines = ['| run | eval NE | NE vs sync_sgd | AUC | examples/sec | vs none | rounds | mean sync gap |',
-           '|---|---|---|---|---|---|---|---|']
+  lines = [
+    '| run | eval NE | NE vs sync_sgd | AUC | examples/sec | vs none | rounds | mean sync gap |',
+    '|---|---|---|---|---|---|---|---|',
+  ]
   for r in rows:
     gap = '' if r['mean_sync_gap'] is None else f'{r["mean_sync_gap"]:.1f}'
-    lines.append(f'| {r["label"]} | {r["eval_ne"]:.4f} | {100 * (r["eval_ne"] / sync_ne - 1):+.2f}% | '
-                 f'{r["eval_auc"]:.4f} | {r["examples_per_sec"]:,.0f} | {r["examples_per_sec"] / none_eps:.2f} | '
-                 f'{r["sync_rounds"]} | {gap} |')
+    lines.append(
+      f'| {r["label"]} | {r["eval_ne"]:.4f} | {100 * (r["eval_ne"] / sync_ne - 1):+.2f}% | '
+      f'{r["eval_auc"]:.4f} | {r["examples_per_sec"]:,.0f} | {r["examples_per_sec"] / none_eps:.2f} | '
+      f'{r["sync_rounds"]} | {gap} |'
+    )
   lines.append(f'\nBayes NE floor: {floor:.4f}' if floor else '')
   return '\n'.join(lines)
 
@@ -95,12 +105,14 @@ def main(argv):
       row['examples_per_sec'] = max(row['examples_per_sec'], again['examples_per_sec'])
   table = _table(rows)
   print(table)
-  setup = (f'{FLAGS.num_replicas} replicas x batch {FLAGS.batch_size}, best examples/sec of {FLAGS.repeats} runs, '
-           f'{rows[0]["train_examples"]:,} training examples in all, sync.what={FLAGS.what}, '
-           f'embedding_placement={FLAGS.embedding_placement}, min_interval_s={FLAGS.min_interval_s}')
+  setup = (
+    f'{FLAGS.num_replicas} replicas x batch {FLAGS.batch_size}, best examples/sec of {FLAGS.repeats} runs, '
+    f'{rows[0]["train_examples"]:,} training examples in all, sync.what={FLAGS.what}, '
+    f'embedding_placement={FLAGS.embedding_placement}, min_interval_s={FLAGS.min_interval_s}'
+  )
   out = study_report.write(FLAGS.out, 'Sync study', study_report.command_line(), table, rows, note=setup)
   print(f'written to {out}')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

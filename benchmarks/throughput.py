@@ -1,6 +1,7 @@
 r"""Training throughput of one replica of the reference DLRM, against this machine's matmul rate.
 
-  python -m benchmarks.throughput [--batch_sizes=128,1024] [--steps=50] [--repeats=10] [--json]
+  python -m benchmarks.throughput [--batch_sizes=128,1024] [--steps=50] [--repeats=10] [--json] \
+      [--out=benchmarks/results/throughput.md]
 
 Trains the reference configuration (bottom 13-512-256-64-16, 26 tables of 100000 x 16, top 367-512-256-1) with
 the library's `make_train_step` (row-wise Adagrad embeddings, optax Adagrad MLP, jitted, state donated) on
@@ -14,27 +15,31 @@ at batch 1024 (30-45k examples/s) and 0.39-0.60 at batch 128 (18-37k examples/s;
 sensitive to load: 0.31 in a busy run).
 """
 
+from collections.abc import Sequence
 import json
 import time
-from typing import Sequence
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from shadowsync_jax import embedding
-from shadowsync_jax import step as step_lib
-from shadowsync_jax.batch import Batch, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
-from shadowsync_jax.model import DLRM
+from shadowsync_jax import cli
+from shadowsync_jax.data.batch import NUM_DENSE_FEATURES
+from shadowsync_jax.data.batch import NUM_SPARSE_FEATURES
+from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.model import embedding
+from shadowsync_jax.model import step as step_lib
+from shadowsync_jax.model.dlrm import DLRM
+from shadowsync_jax.studies import report
 
 FLOPS_PER_EXAMPLE = 2.916e6  # forward + backward of the reference MLPs and interaction
 
 _BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['128', '1024'], 'Per-replica batch sizes to time.')
 _STEPS = flags.DEFINE_integer('steps', 50, 'Timed steps per repetition.')
 _REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed repetitions per batch size; the best is reported.')
+_OUT = flags.DEFINE_string('out', 'benchmarks/results/throughput.md', 'Where the table and raw figures go.')
 _NUM_BATCHES = flags.DEFINE_integer('num_batches', 8, 'Distinct pre-generated batches, cycled.')
 _ZIPF = flags.DEFINE_float('zipf', 1.05, 'Zipf exponent of the ids (0 = uniform).')
 _CARDINALITY = flags.DEFINE_integer('cardinality', 100_000, 'Rows of each of the 26 tables.')
@@ -58,8 +63,9 @@ def best_matmul_flops_per_sec(sizes: Sequence[int] = (256, 512, 1024, 2048), rep
   return best
 
 
-def make_batches(key: jax.Array, num_batches: int, batch_size: int, cardinalities: Sequence[int],
-                 zipf: float) -> list[Batch]:
+def make_batches(
+  key: jax.Array, num_batches: int, batch_size: int, cardinalities: Sequence[int], zipf: float
+) -> list[Batch]:
   """Random batches on the device: normal dense features, Zipf-ish (or uniform) ids, coin-flip labels."""
   rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**31 - 1)))
   cards_T = np.asarray(cardinalities)
@@ -69,15 +75,21 @@ def make_batches(key: jax.Array, num_batches: int, batch_size: int, cardinalitie
       ids_BxT = (rng.zipf(1.0 + zipf, (batch_size, len(cards_T))) - 1) % cards_T
     else:
       ids_BxT = rng.integers(0, cards_T, (batch_size, len(cards_T)))
-    batches.append(jax.device_put(Batch(
-        dense=rng.standard_normal((batch_size, NUM_DENSE_FEATURES), np.float32),
-        sparse=ids_BxT.astype(np.int32),
-        label=(rng.random(batch_size) < 0.25).astype(np.float32))))
+    batches.append(
+      jax.device_put(
+        Batch(
+          dense=rng.standard_normal((batch_size, NUM_DENSE_FEATURES), np.float32),
+          sparse=ids_BxT.astype(np.int32),
+          label=(rng.random(batch_size) < 0.25).astype(np.float32),
+        )
+      )
+    )
   return batches
 
 
-def time_training(batch_size: int, steps: int, repeats: int, num_batches: int, cardinality: int,
-                  zipf: float) -> dict[str, float]:
+def time_training(
+  batch_size: int, steps: int, repeats: int, num_batches: int, cardinality: int, zipf: float
+) -> dict[str, float]:
   """Best examples/sec over `repeats` timings of `steps` steps, after compiling and warming up."""
   cardinalities = [cardinality] * NUM_SPARSE_FEATURES
   model = DLRM(bottom_mlp=(512, 256, 64, 16), top_mlp=(512, 256, 1))
@@ -97,9 +109,11 @@ def time_training(batch_size: int, steps: int, repeats: int, num_batches: int, c
     seconds.append(time.perf_counter() - start)
   if not np.isfinite(float(metrics['loss'])):
     raise FloatingPointError(f'loss is {metrics["loss"]} at batch {batch_size}')
-  return {'examples_per_sec': steps * batch_size / min(seconds),
-          'ms_per_step': 1e3 * min(seconds) / steps,
-          'ms_per_step_median': 1e3 * float(np.median(seconds)) / steps}
+  return {
+    'examples_per_sec': steps * batch_size / min(seconds),
+    'ms_per_step': 1e3 * min(seconds) / steps,
+    'ms_per_step_median': 1e3 * float(np.median(seconds)) / steps,
+  }
 
 
 def main(argv: Sequence[str]) -> None:
@@ -107,20 +121,40 @@ def main(argv: Sequence[str]) -> None:
   # The limit is measured before and after the training timings and the best is kept: on a shared machine
   # the busy moments slow both, and a high limit only makes the reported fraction more conservative.
   limit = best_matmul_flops_per_sec()
-  results = [time_training(batch_size, _STEPS.value, _REPEATS.value, _NUM_BATCHES.value, _CARDINALITY.value,
-                           _ZIPF.value) | {'batch_size': batch_size}
-             for batch_size in map(int, _BATCH_SIZES.value)]
+  results = [
+    time_training(batch_size, _STEPS.value, _REPEATS.value, _NUM_BATCHES.value, _CARDINALITY.value, _ZIPF.value)
+    | {'batch_size': batch_size}
+    for batch_size in map(int, _BATCH_SIZES.value)
+  ]
   limit = max(limit, best_matmul_flops_per_sec())
+  lines = ['| batch | examples/sec | ms per step | fraction of the compute limit |', '|---|---|---|---|']
   for result in results:
-    fraction = result['examples_per_sec'] * FLOPS_PER_EXAMPLE / limit
+    result['fraction_of_compute_limit'] = result['examples_per_sec'] * FLOPS_PER_EXAMPLE / limit
+    result['matmul_gflops_per_sec'] = limit / 1e9
+    result['backend'] = jax.default_backend()
     if _JSON.value:
-      print(json.dumps({**result, 'fraction_of_compute_limit': fraction, 'matmul_gflops_per_sec': limit / 1e9,
-                        'backend': jax.default_backend()}), flush=True)
+      print(json.dumps(result), flush=True)
     else:
-      print(f'batch {result["batch_size"]:5d}: {result["examples_per_sec"]:9.0f} examples/s '
-            f'({result["ms_per_step"]:.2f} ms/step), {fraction:.2f} of the compute limit '
-            f'({limit / 1e9:.1f} GFLOP/s matmul)', flush=True)
+      print(
+        f'batch {result["batch_size"]:5d}: {result["examples_per_sec"]:9.0f} examples/s '
+        f'({result["ms_per_step"]:.2f} ms/step), {result["fraction_of_compute_limit"]:.2f} of the compute limit '
+        f'({limit / 1e9:.1f} GFLOP/s matmul)',
+        flush=True,
+      )
+    lines.append(
+      f'| {result["batch_size"]} | {result["examples_per_sec"]:,.0f} | {result["ms_per_step"]:.2f} | '
+      f'{result["fraction_of_compute_limit"]:.2f} |'
+    )
+  note = (
+    f'One replica of the reference model on {jax.default_backend()}; compute limit {limit / 1e9:.1f} GFLOP/s '
+    f'(the best f32 matmul rate in the same process), {FLOPS_PER_EXAMPLE / 1e6:.3f} MFLOP per example; best of '
+    f'{_REPEATS.value} repetitions of {_STEPS.value} steps.'
+  )
+  out = report.write(
+    _OUT.value, 'Throughput of the reference model', report.command_line(), '\n'.join(lines), results, note=note
+  )
+  print(f'-> {out}')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

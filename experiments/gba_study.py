@@ -10,7 +10,7 @@ kept); without it, at the config's rates. With several --seeds (each a different
 stream) the study runs once per seed (the rates tuned on the first) and a table of the means follows. Prints
 markdown tables (eval NE and its difference to sync_sgd, AUC, emulated examples/sec and its ratio to sync_sgd's,
 real examples/sec, wall time, staleness, decayed/dropped gradients and lost tokens) and writes them with the raw
-summaries to --out. The expected result is in the config's docstring; the README's section GBA shows a run.
+summaries to --out. The expected result is in the config's docstring; docs/studies/gba.md shows a run.
 """
 
 import pathlib
@@ -20,18 +20,20 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
-from ml_collections import config_flags
 
-from shadowsync_jax import study_report
+from shadowsync_jax import cli
+from shadowsync_jax.studies import report as study_report
 
 flags.DEFINE_float('straggler_prob', 0.1, 'gba.straggler_prob of the runs with stragglers (the others have 0).')
-flags.DEFINE_list('tune_learning_rates', [], 'Learning rates to train sync_sgd at first; the study runs at the best '
-                  '(default: the config\'s).')
-flags.DEFINE_list('seeds', ['0'], 'config.seed of the study\'s runs; several: one study per seed, then their means.')
+flags.DEFINE_list(
+  'tune_learning_rates',
+  [],
+  "Learning rates to train sync_sgd at first; the study runs at the best (default: the config's).",
+)
+flags.DEFINE_list('seeds', ['0'], "config.seed of the study's runs; several: one study per seed, then their means.")
 flags.DEFINE_string('workdir', None, 'Where the runs go (default: a new temp directory).')
 flags.DEFINE_string('out', 'benchmarks/results/gba_study.md', 'Where the table and the raw summaries go.')
-config_flags.DEFINE_config_file('config', 'experiments/configs/gba.py', 'The study\'s base config.',
-                                lock_config=True)
+cli.define_config_flag('experiments/configs/gba.py', "The study's base config.")
 FLAGS = flags.FLAGS
 
 
@@ -41,7 +43,8 @@ def main(argv):
   if not FLAGS['verbosity'].present:  # orbax logs every save at INFO.
     logging.set_verbosity(logging.WARNING)
   jax.config.update('jax_num_cpu_devices', 8)
-  from shadowsync_jax import gba_study  # pylint: disable=g-import-not-at-top  (after the device count is set)
+  from shadowsync_jax.studies import gba as gba_study  # pylint: disable=g-import-not-at-top  (after the device count is set)
+
   root = pathlib.Path(FLAGS.workdir or tempfile.mkdtemp(prefix='gba_study_'))
   seeds = [int(seed) for seed in FLAGS.seeds]
   config, sync_sgd, parts = gba_study.with_seed(FLAGS.config, seeds[0]), None, []
@@ -49,14 +52,18 @@ def main(argv):
     rates = [float(rate) for rate in FLAGS.tune_learning_rates]
     best, summaries = gba_study.tune_learning_rate(config, root / 'tuning', rates)
     config, sync_sgd = gba_study.with_learning_rate(config, best), summaries[best]
-    parts.append(f'sync_sgd\'s learning rate (seed {seeds[0]}):\n\n{gba_study.learning_rate_table(summaries)}')
+    parts.append(f"sync_sgd's learning rate (seed {seeds[0]}):\n\n{gba_study.learning_rate_table(summaries)}")
   rows_by_seed = {}
   for seed in seeds:
-    rows_by_seed[seed] = gba_study.run(gba_study.with_seed(config, seed), root / f'seed{seed}',
-                                       straggler_probs=(0.0, FLAGS.straggler_prob),
-                                       sync_sgd=sync_sgd if seed == seeds[0] else None)
-    parts.append(f'Seed {seed}, learning rate {config.optimizer.mlp_learning_rate:g}:\n\n'
-                 f'{gba_study.table(rows_by_seed[seed])}')
+    rows_by_seed[seed] = gba_study.run(
+      gba_study.with_seed(config, seed),
+      root / f'seed{seed}',
+      straggler_probs=(0.0, FLAGS.straggler_prob),
+      sync_sgd=sync_sgd if seed == seeds[0] else None,
+    )
+    parts.append(
+      f'Seed {seed}, learning rate {config.optimizer.mlp_learning_rate:g}:\n\n{gba_study.table(rows_by_seed[seed])}'
+    )
   if len(seeds) > 1:
     parts.append(f'Means over seeds {", ".join(map(str, seeds))}:\n\n{gba_study.mean_table(rows_by_seed)}')
   text = '\n\n'.join(parts)
@@ -67,4 +74,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -7,7 +7,7 @@ Prints a markdown table (eval NE and its difference to the run without failures;
 checkpoint and priority-save intervals chosen; time blocked on saves, re-trained and spent restoring, and the
 total overhead, as % of each run's failure-free time; the estimated and actual portion of lost samples; the share
 of embedding lookups whose updates were lost; wall time) and writes it with the raw summaries to --out. The
-expected result is in the config's docstring; the README shows a run.
+expected result is in the config's docstring; docs/studies/cpr.md shows a run.
 """
 
 import pathlib
@@ -17,15 +17,14 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
-from ml_collections import config_flags
 
-from shadowsync_jax import study_report
+from shadowsync_jax import cli
+from shadowsync_jax.studies import report as study_report
 
 flags.DEFINE_list('modes', None, 'Recovery modes to run, in order (default: none,full,partial,cpr_mfu,cpr_ssu).')
 flags.DEFINE_string('workdir', None, 'Where the runs go, one directory per mode (default: a new temp directory).')
 flags.DEFINE_string('out', 'benchmarks/results/recovery.md', 'Where the table and the raw summaries go.')
-config_flags.DEFINE_config_file('config', 'experiments/configs/recovery.py', 'The study\'s base config.',
-                                lock_config=True)
+cli.define_config_flag('experiments/configs/recovery.py', "The study's base config.")
 FLAGS = flags.FLAGS
 
 
@@ -35,7 +34,8 @@ def main(argv):
   if not FLAGS['verbosity'].present:  # orbax logs every save at INFO.
     logging.set_verbosity(logging.WARNING)
   jax.config.update('jax_num_cpu_devices', 8)
-  from shadowsync_jax import recovery_study  # pylint: disable=g-import-not-at-top  (after the device count is set)
+  from shadowsync_jax.studies import cpr as recovery_study  # pylint: disable=g-import-not-at-top  (after the device count is set)
+
   modes = tuple(FLAGS.modes or recovery_study.MODES)
   root = pathlib.Path(FLAGS.workdir or tempfile.mkdtemp(prefix='recovery_study_'))
   rows = recovery_study.run(FLAGS.config, root, modes)
@@ -46,4 +46,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

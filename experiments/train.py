@@ -9,7 +9,10 @@ WORKDIR/metrics.jsonl and TensorBoard events (`tensorboard --logdir=WORKDIR`).
 One process of a multi-process job (`experiments.launch` starts them on one machine; BUILD.md shows several hosts):
 
   python -m experiments.train --coordinator_address=HOST0:PORT --num_processes=N --process_id=I --workdir=... \
-      --config.num_replicas=R ...     # every process: the same flags but its own --process_id
+      [--config.num_replicas=R ...]     # every process: the same flags but its own --process_id
+
+A config the schema refuses (an unknown key, a bad value, a replica count that does not fit, a missing data file)
+prints one line, `error: ...`, and exits with status 2 (`shadowsync_jax.cli`).
 """
 
 import faulthandler
@@ -22,18 +25,25 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
-from ml_collections import config_flags
+
+from shadowsync_jax import cli
+from shadowsync_jax import config as config_lib
 
 flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and summary.json.', required=True)
-flags.DEFINE_integer('cpu_devices', 8, 'Virtual devices to create when running on CPU (each hosts one replica); '
-                     'per process in a multi-process job.')
+flags.DEFINE_integer(
+  'cpu_devices',
+  8,
+  'Virtual devices to create when running on CPU (each hosts one replica); per process in a multi-process job.',
+)
 flags.DEFINE_string('coordinator_address', None, 'host:port of process 0, for a job of several processes.')
 flags.DEFINE_integer('num_processes', 1, 'Processes in the job (jax.distributed); 1 = this process alone.')
-flags.DEFINE_integer('process_id', 0, 'This process\'s index in the job, 0 .. num_processes - 1.')
-flags.DEFINE_float('peer_timeout_s', 30.0, 'Stop when another process of the job has given no sign of life for '
-                   'this long (it died, was killed or hangs).')
-config_flags.DEFINE_config_file('config', 'experiments/configs/default.py', 'Experiment config file.',
-                                lock_config=True)
+flags.DEFINE_integer('process_id', 0, "This process's index in the job, 0 .. num_processes - 1.")
+flags.DEFINE_float(
+  'peer_timeout_s',
+  30.0,
+  'Stop when another process of the job has given no sign of life for this long (it died, was killed or hangs).',
+)
+cli.define_config_flag('experiments/configs/default.py')
 FLAGS = flags.FLAGS
 
 
@@ -43,22 +53,30 @@ def main(argv):
   if not FLAGS['verbosity'].present:  # orbax logs every save at INFO; keep the console to progress and results.
     logging.set_verbosity(logging.WARNING)
   faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints every thread's stack.
+  if FLAGS.num_processes > 1 and not FLAGS.coordinator_address:
+    cli.exit_with_usage_error('--num_processes > 1 needs --coordinator_address=HOST:PORT (of process 0).')
+  # Everything but the device count is checked before the job forms: a refused config stops each process alone.
+  config_lib.validate(FLAGS.config, num_devices=None, num_processes=FLAGS.num_processes)
   jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
-  from shadowsync_jax import distributed  # pylint: disable=g-import-not-at-top  (after the device count is set)
-  from shadowsync_jax import train  # pylint: disable=g-import-not-at-top
+  from shadowsync_jax import train  # pylint: disable=g-import-not-at-top  (after the device count is set)
+  from shadowsync_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+
   if FLAGS.num_processes > 1:
-    if not FLAGS.coordinator_address:
-      raise app.UsageError('--num_processes > 1 needs --coordinator_address=HOST:PORT (of process 0).')
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.peer_timeout_s)
   try:
     summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except BaseException as error:  # pylint: disable=broad-except
     if FLAGS.num_processes == 1:
       raise
-    traceback.print_exc()
+    if isinstance(error, config_lib.ConfigError):
+      print(f'{cli.ERROR_PREFIX}{error}', file=sys.stderr)  # A device count that does not fit: one line.
+    else:
+      traceback.print_exc()
     sys.stderr.flush()
     sys.stdout.flush()
-    distributed.fail(error)  # Names the peer that is gone, or tells the peers; exits either way.
+    refused = isinstance(error, config_lib.ConfigError)
+    # Names the peer that is gone, or tells the peers; exits either way.
+    distributed.fail(error, exit_code=cli.USAGE_EXIT_CODE if refused else 1)
   distributed.finish()
   if FLAGS.process_id != 0:  # Process 0 prints the results (and wrote summary.json).
     return
@@ -68,11 +86,16 @@ def main(argv):
     vs_floor = f' (Bayes NE floor {floor:.4f}: {100 * (summary["eval_ne"] / floor - 1):+.1f}%)' if floor else ''
     speed = summary['examples_per_sec']
     # None: the workdir held a finished run, resumed at its end; its model was evaluated, nothing was trained.
-    speed = ('no step trained (the workdir held a finished run; a new --workdir trains again)' if speed is None
-             else f'{speed:,.0f} examples/sec')
-    print(f'eval NE {summary["eval_ne"]:.4f}{vs_floor}  AUC {summary["eval_auc"]:.4f}  {speed}  '
-          f'-> {FLAGS.workdir}/summary.json')
+    speed = (
+      'no step trained (the workdir held a finished run; a new --workdir trains again)'
+      if speed is None
+      else f'{speed:,.0f} examples/sec'
+    )
+    print(
+      f'eval NE {summary["eval_ne"]:.4f}{vs_floor}  AUC {summary["eval_auc"]:.4f}  {speed}  '
+      f'-> {FLAGS.workdir}/summary.json'
+    )
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -2,38 +2,88 @@
 
   config = config_lib.base_config()          # every key, with defaults
   config.num_replicas = 8                    # experiments/configs/*.py override it
+  config = config_lib.resolve(config, num_processes=jax.process_count())   # num_replicas=0: one per process
   config_lib.validate(config, num_devices=len(jax.devices()))   # ConfigError naming the key, or None
 
 Experiment configs (`experiments/configs/*.py`) start from `base_config()` and change values, so every config has
 every key (DESIGN §9) and a typo in a config file or a `--config.KEY=VALUE` override is caught here, by name.
 """
 
+import difflib
+import os
 from typing import Any
 
 import ml_collections
 
-from shadowsync_jax import checkpoint_interval
-from shadowsync_jax.batch import NUM_SPARSE_FEATURES
+from shadowsync_jax.data.batch import NUM_SPARSE_FEATURES
+from shadowsync_jax.recovery import intervals as checkpoint_interval
+from shadowsync_jax.recovery import modes as recovery_modes
 
-SYNC_ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf', 'gba',
-                   'async_sgd')
-IMPLEMENTED_SYNC_ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf',
-                               'gba', 'async_sgd')
-PARAMETER_SERVER_ALGORITHMS = ('gba', 'async_sgd')  # One server model, workers in emulated time (gba_training).
-SHADOW_ALGORITHMS = ('shadow_ma', 'shadow_ea', 'shadow_bmuf')  # Rounds in a background thread (shadow_sync).
+SYNC_ALGORITHMS = (
+  'none',
+  'sync_sgd',
+  'fr_ma',
+  'fr_ea',
+  'fr_bmuf',
+  'shadow_ma',
+  'shadow_ea',
+  'shadow_bmuf',
+  'gba',
+  'async_sgd',
+)
+IMPLEMENTED_SYNC_ALGORITHMS = (
+  'none',
+  'sync_sgd',
+  'fr_ma',
+  'fr_ea',
+  'fr_bmuf',
+  'shadow_ma',
+  'shadow_ea',
+  'shadow_bmuf',
+  'gba',
+  'async_sgd',
+)
+PARAMETER_SERVER_ALGORITHMS = ('gba', 'async_sgd')  # One server model (the gba package).
+SHADOW_ALGORITHMS = ('shadow_ma', 'shadow_ea', 'shadow_bmuf')  # Rounds in a background thread (sync.shadow).
 SYNCED_PARAMS = ('dense', 'all')
 EMBEDDING_PLACEMENTS = ('replicated', 'shared')
 MLP_OPTIMIZERS = ('sgd', 'adagrad', 'adam')
 EMBEDDING_OPTIMIZERS = ('sgd', 'rowwise_adagrad')
 DATA_SOURCES = ('synthetic', 'criteo')
-RECOVERY_MODES = ('none', 'full', 'partial', 'cpr_mfu', 'cpr_ssu')
-PARTIAL_RECOVERY_MODES = ('partial', 'cpr_mfu', 'cpr_ssu')
-FAILURE_TARGETS = ('replica', 'embedding_shard')
+RECOVERY_MODES = recovery_modes.MODES
+PARTIAL_RECOVERY_MODES = recovery_modes.PARTIAL_MODES
+FAILURE_TARGETS = recovery_modes.FAILURE_TARGETS
 
 
 # Criteo Kaggle's 26 cardinalities (1460, 583, 10131227, ...) capped at 300: the shape of real data, laptop-sized.
-CRITEO_SHAPED_CARDINALITIES = (300, 300, 300, 300, 300, 24, 300, 300, 3, 300, 300, 300, 300, 27, 300, 300, 10, 300, 300,
-                               4, 300, 18, 15, 300, 105, 300)
+CRITEO_SHAPED_CARDINALITIES = (
+  300,
+  300,
+  300,
+  300,
+  300,
+  24,
+  300,
+  300,
+  3,
+  300,
+  300,
+  300,
+  300,
+  27,
+  300,
+  300,
+  10,
+  300,
+  300,
+  4,
+  300,
+  18,
+  15,
+  300,
+  105,
+  300,
+)
 
 
 class ConfigError(ValueError):
@@ -44,7 +94,9 @@ def base_config() -> ml_collections.ConfigDict:
   """All keys with their defaults: a small synthetic problem that trains on one CPU replica in about a minute."""
   config = ml_collections.ConfigDict()
   config.seed = 0  # Seeds the synthetic teacher and stream, the model init and everything random.
-  config.num_replicas = 1  # R: trainers, one per device, each reading a disjoint 1/R of the stream.
+  config.num_replicas = (
+    0  # R: trainers, one per device, each reading a disjoint 1/R of the stream; 0 = one per process.
+  )
   config.batch_size = 256  # Examples per replica per step.
 
   config.data = ml_collections.ConfigDict()
@@ -54,7 +106,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.num_train_examples = 2_000_000  # N: length of the one-pass training stream, shared by all replicas.
   config.data.num_eval_examples = 200_000  # Held-out examples that follow the training stream.
   # Rows of each of the 26 tables (criteo: hash buckets). Default: Criteo Kaggle's per-feature cardinalities capped
-  # at 300, so the default problem is learnable from 2M examples (see the README's quality table).
+  # at 300, so the default problem is learnable from 2M examples (docs/studies/default_problem.md).
   config.data.cardinalities = CRITEO_SHAPED_CARDINALITIES
   config.data.zipf_exponent = 1.05  # synthetic: skew of the categorical ids.
   config.data.drift = 0.0  # synthetic: how fast the teacher drifts along the stream (0 = stationary).
@@ -104,8 +156,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.recovery.ssu_sample_rate = 0.05  # cpr_ssu: the share of lookups counted.
 
   # gba / async_sgd (DESIGN §8; GBA: Su et al., NeurIPS 2022): the server's staleness rule; in one process the
-  # emulated worker step times that order the gradients' arrivals (gba_training.py); across processes the workers
-  # run for real and a thread exchanges their gradients (gba_processes.py; stragglers: straggler.process).
+  # emulated worker step times that order the gradients' arrivals (gba/emulated.py); across processes the workers
+  # run for real and a thread exchanges their gradients (gba/processes.py; stragglers: straggler.process).
   config.gba = ml_collections.ConfigDict()
   config.gba.staleness_threshold = 2  # gba: gradients at most this stale (g - token) count fully.
   config.gba.staleness_decay = 0.5  # gba: beyond the threshold a gradient is weighted decay ** (excess); 0 = dropped.
@@ -129,10 +181,20 @@ def base_config() -> ml_collections.ConfigDict:
   return config
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1) -> None:
+def resolve(config: ml_collections.ConfigDict, num_processes: int = 1) -> ml_collections.ConfigDict:
+  """`config` with the values the run decides filled in (a copy): `num_replicas=0` becomes one per process."""
+  resolved = ml_collections.ConfigDict(config.to_dict())
+  if resolved.get('num_replicas') == 0:
+    resolved.num_replicas = num_processes
+  return resolved
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int | None, num_processes: int = 1) -> None:
   """Raises ConfigError naming the first bad key; returns quietly when the config is runnable by a job of
-  `num_processes` processes with `num_devices` devices in all (evenly spread over the processes)."""
+  `num_processes` processes with `num_devices` devices in all (evenly spread over the processes). With
+  `num_devices=None` (before the runtime is up) every check but the devices' runs."""
   _check_known_keys(config)
+  config = resolve(config, num_processes)
   _check_data(config)
   _check_model(config)
   _check_optimizer(config)
@@ -141,39 +203,52 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   _check_train(config)
   _check_recovery(config, num_processes)
   _check_gba(config, num_processes)
-  if not 1 <= config.num_replicas <= num_devices:
-    raise ConfigError(f'num_replicas={config.num_replicas} must be between 1 and the device count ({num_devices}); '
-                      'on CPU, more devices come from --cpu_devices (jax_num_cpu_devices).')
+  if config.num_replicas < 1:
+    raise ConfigError(f'num_replicas={config.num_replicas} must be at least 1 (or 0: one per process).')
   if config.num_replicas % num_processes:
-    raise ConfigError(f'num_replicas={config.num_replicas} must be a multiple of the process count '
-                      f'({num_processes}): every process trains the same number of replicas.')
-  if config.num_replicas // num_processes > num_devices // num_processes:
-    raise ConfigError(f'num_replicas={config.num_replicas} puts {config.num_replicas // num_processes} replicas on '
-                      f'each process, which has {num_devices // num_processes} devices.')
+    raise ConfigError(
+      f'num_replicas={config.num_replicas} must be a multiple of the process count '
+      f'({num_processes}): every process trains the same number of replicas; 0 = one per process.'
+    )
+  if num_devices is not None and config.num_replicas > num_devices:
+    raise ConfigError(
+      f'num_replicas={config.num_replicas} is more than the {num_devices} devices of the job; on '
+      'CPU, more devices come from --cpu_devices (jax_num_cpu_devices).'
+    )
+  if num_devices is not None and config.num_replicas // num_processes > num_devices // num_processes:
+    raise ConfigError(
+      f'num_replicas={config.num_replicas} puts {config.num_replicas // num_processes} replicas on '
+      f'each process, which has {num_devices // num_processes} devices.'
+    )
   if config.batch_size <= 0:
     raise ConfigError(f'batch_size={config.batch_size} must be positive.')
   global_batch = config.num_replicas * config.batch_size
   if config.data.num_train_examples < global_batch:
-    raise ConfigError(f'data.num_train_examples={config.data.num_train_examples} is less than one global batch '
-                      f'(num_replicas * batch_size = {global_batch}).')
+    raise ConfigError(
+      f'data.num_train_examples={config.data.num_train_examples} is less than one global batch '
+      f'(num_replicas * batch_size = {global_batch}).'
+    )
 
 
-def _flat_keys(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, Any]:
+def flat_keys(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, Any]:
+  """{'data.source': 'synthetic', ...}: every leaf of `config` by its dotted key."""
   flat = {}
   for key, value in config.items():
     name = f'{prefix}{key}'
     if isinstance(value, ml_collections.ConfigDict):
-      flat.update(_flat_keys(value, name + '.'))
+      flat.update(flat_keys(value, name + '.'))
     else:
       flat[name] = value
   return flat
 
 
 def _check_known_keys(config: ml_collections.ConfigDict) -> None:
-  known, given = _flat_keys(base_config()), _flat_keys(config)
+  known, given = flat_keys(base_config()), flat_keys(config)
   for key in given:
     if key not in known:
-      raise ConfigError(f'unknown config key {key!r}; known keys: {", ".join(sorted(known))}.')
+      nearest = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+      hint = f'did you mean {nearest[0]!r}?' if nearest else 'every key is in shadowsync_jax/config.py (base_config).'
+      raise ConfigError(f'unknown config key {key!r}; {hint}')
   for key in known:
     if key not in given:
       raise ConfigError(f'config key {key!r} is missing; start configs from config.base_config().')
@@ -204,7 +279,13 @@ def _check_data(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, 'data.source', DATA_SOURCES)
   _check_positive(config, 'data.num_train_examples', 'data.num_eval_examples')
   if data.source == 'criteo' and not data.train_path:
-    raise ConfigError("data.train_path must name a Criteo TSV file when data.source='criteo'.")
+    raise ConfigError(
+      "data.train_path must name a Criteo TSV file when data.source='criteo' (--config.data.train_path=FILE)."
+    )
+  for key in ('data.train_path', 'data.eval_path'):
+    path = _get(config, key)
+    if data.source == 'criteo' and path and not os.path.isfile(path):
+      raise ConfigError(f'{key}={path!r}: no such file (from {os.getcwd()}); give the path of a Criteo TSV file.')
   cardinalities = list(data.cardinalities)
   if len(cardinalities) != NUM_SPARSE_FEATURES or any(int(c) < 1 for c in cardinalities):
     raise ConfigError(f'data.cardinalities must be {NUM_SPARSE_FEATURES} positive table sizes, got {cardinalities}.')
@@ -219,8 +300,10 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
   _check_positive(config, 'model.embedding_dim')
   bottom, top = list(model.bottom_mlp), list(model.top_mlp)
   if not bottom or any(w < 1 for w in bottom) or bottom[-1] != model.embedding_dim:
-    raise ConfigError(f'model.bottom_mlp={bottom} must be positive widths ending at model.embedding_dim '
-                      f'({model.embedding_dim}): the dot interaction pairs it with the embeddings.')
+    raise ConfigError(
+      f'model.bottom_mlp={bottom} must be positive widths ending at model.embedding_dim '
+      f'({model.embedding_dim}): the dot interaction pairs it with the embeddings.'
+    )
   if not top or any(w < 1 for w in top) or top[-1] != 1:
     raise ConfigError(f'model.top_mlp={top} must be positive widths ending at 1 (the logit).')
 
@@ -237,24 +320,30 @@ def _check_sync(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, 'sync.what', SYNCED_PARAMS)
   _check_choice(config, 'sync.embedding_placement', EMBEDDING_PLACEMENTS)
   if sync.algorithm not in IMPLEMENTED_SYNC_ALGORITHMS:
-    raise ConfigError(f'sync.algorithm={sync.algorithm!r} is a known algorithm but not implemented yet; '
-                      f'implemented: {", ".join(IMPLEMENTED_SYNC_ALGORITHMS)}.')
+    raise ConfigError(
+      f'sync.algorithm={sync.algorithm!r} is a known algorithm but not implemented yet; '
+      f'implemented: {", ".join(IMPLEMENTED_SYNC_ALGORITHMS)}.'
+    )
   _check_positive(config, 'sync.every_k_steps', 'sync.block_lr')
   if sync.min_interval_s < 0:
     raise ConfigError(f'sync.min_interval_s={sync.min_interval_s} must be >= 0.')
   if not 0 < sync.elastic_alpha < 1:
     raise ConfigError(f'sync.elastic_alpha={sync.elastic_alpha} must be in (0, 1).')
   if sync.algorithm.endswith('_ea') and sync.elastic_alpha * config.num_replicas >= 1:
-    raise ConfigError(f'sync.elastic_alpha * num_replicas = {sync.elastic_alpha * config.num_replicas} must be < 1 '
-                      'for elastic averaging to be stable.')
+    raise ConfigError(
+      f'sync.elastic_alpha * num_replicas = {sync.elastic_alpha * config.num_replicas} must be < 1 '
+      'for elastic averaging to be stable.'
+    )
   if sync.block_momentum >= 1:
     raise ConfigError(f'sync.block_momentum={sync.block_momentum} must be < 1 (negative = 1 - 1/R).')
 
 
 def _check_straggler(config: ml_collections.ConfigDict, num_processes: int) -> None:
   if not -1 <= config.straggler.process < num_processes:
-    raise ConfigError(f'straggler.process={config.straggler.process} must be -1 (none) or a process index below '
-                      f'the process count ({num_processes}).')
+    raise ConfigError(
+      f'straggler.process={config.straggler.process} must be -1 (none) or a process index below '
+      f'the process count ({num_processes}).'
+    )
   if not config.straggler.slowdown >= 1:
     raise ConfigError(f'straggler.slowdown={config.straggler.slowdown} must be >= 1 (times slower).')
 
@@ -286,17 +375,22 @@ def _check_recovery(config: ml_collections.ConfigDict, num_processes: int) -> No
   if recovery.mode == 'none':
     return
   if num_processes > 1:
-    raise ConfigError(f'recovery.mode={recovery.mode!r} runs in one process only; this job has {num_processes} '
-                      "(failure emulation across processes is not implemented: use recovery.mode='none').")
+    raise ConfigError(
+      f'recovery.mode={recovery.mode!r} runs in one process only; this job has {num_processes} '
+      "(failure emulation across processes is not implemented: use recovery.mode='none')."
+    )
   if config.sync.algorithm in PARAMETER_SERVER_ALGORITHMS:
-    raise ConfigError(f'recovery.mode={recovery.mode!r} is not implemented for sync.algorithm='
-                      f'{config.sync.algorithm!r} (its server model trains in gba_training, without recovery).')
+    raise ConfigError(
+      f'recovery.mode={recovery.mode!r} is not implemented for sync.algorithm='
+      f'{config.sync.algorithm!r} (its server model trains in the gba package, without recovery).'
+    )
   if recovery.mode in PARTIAL_RECOVERY_MODES and recovery.checkpoint_every_steps == 0:
     num_parts = config.num_replicas if recovery.failure_target == 'replica' else recovery.num_embedding_shards
     total_steps = config.data.num_train_examples // (config.num_replicas * config.batch_size)
     try:
-      checkpoint_interval.partial_recovery_interval(recovery.target_pls, recovery.mtbf_steps, num_parts,
-                                                    max(1, total_steps))
+      checkpoint_interval.partial_recovery_interval(
+        recovery.target_pls, recovery.mtbf_steps, num_parts, max(1, total_steps)
+      )
     except ValueError as error:
       raise ConfigError(f'recovery.target_pls={recovery.target_pls}: {error}') from error
 
@@ -320,17 +414,25 @@ def _check_gba(config: ml_collections.ConfigDict, num_processes: int) -> None:
   if algorithm not in PARAMETER_SERVER_ALGORITHMS:
     return
   if num_processes > 1 and gba.straggler_prob > 0:
-    raise ConfigError(f'gba.straggler_prob={gba.straggler_prob} emulates stragglers in one process; across '
-                      f'{num_processes} processes the workers run for real: slow one down with straggler.process '
-                      'and straggler.slowdown, and set gba.straggler_prob=0.')
+    raise ConfigError(
+      f'gba.straggler_prob={gba.straggler_prob} emulates stragglers in one process; across '
+      f'{num_processes} processes the workers run for real: slow one down with straggler.process '
+      'and straggler.slowdown, and set gba.straggler_prob=0.'
+    )
   if not (isinstance(gba.max_in_flight_steps, int) and gba.max_in_flight_steps >= 1):
     raise ConfigError(f'gba.max_in_flight_steps={gba.max_in_flight_steps} must be an integer >= 1.')
   if config.recovery.mode != 'none':
-    raise ConfigError(f'recovery.mode={config.recovery.mode!r} is not implemented with sync.algorithm={algorithm!r}; '
-                      "its worker failures are gba.failure_prob: use recovery.mode='none'.")
+    raise ConfigError(
+      f'recovery.mode={config.recovery.mode!r} is not implemented with sync.algorithm={algorithm!r}; '
+      "its worker failures are gba.failure_prob: use recovery.mode='none'."
+    )
   if num_processes == 1 and config.straggler.process != -1:
-    raise ConfigError(f'straggler.process={config.straggler.process} slows a process down for real; in one process '
-                      f'sync.algorithm={algorithm!r} emulates stragglers with gba.straggler_prob: set it to -1.')
+    raise ConfigError(
+      f'straggler.process={config.straggler.process} slows a process down for real; in one process '
+      f'sync.algorithm={algorithm!r} emulates stragglers with gba.straggler_prob: set it to -1.'
+    )
   if config.train.eval_per_replica:
-    raise ConfigError(f'train.eval_per_replica: sync.algorithm={algorithm!r} trains one server model, there are no '
-                      'replica models to evaluate.')
+    raise ConfigError(
+      f'train.eval_per_replica: sync.algorithm={algorithm!r} trains one server model, there are no '
+      'replica models to evaluate.'
+    )

@@ -1,6 +1,7 @@
 """One training run end to end: R replicas over a one-pass stream, checkpoints, metrics, a final evaluation.
 
-  from shadowsync_jax import config as config_lib, train
+  from shadowsync_jax import config as config_lib
+  from shadowsync_jax import train
   config = config_lib.base_config()
   summary = train.train_and_evaluate(config, workdir='/tmp/run')
   print(summary['eval_ne'], summary['bayes_ne'])
@@ -24,41 +25,36 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
-import optax
 
-from shadowsync_jax import checkpointing
 from shadowsync_jax import config as config_lib
-from shadowsync_jax import embedding
-from shadowsync_jax import evaluation
-from shadowsync_jax import gba_processes
-from shadowsync_jax import gba_training
-from shadowsync_jax import input_pipeline
-from shadowsync_jax import metric_writer
-from shadowsync_jax import model as model_lib
-from shadowsync_jax import progress
-from shadowsync_jax import recovery as recovery_lib
-from shadowsync_jax import replicas
-from shadowsync_jax import step as step_lib
-from shadowsync_jax import straggler
-from shadowsync_jax import sync_drivers
-
-
-def make_optimizers(config: ml_collections.ConfigDict):
-  """(optax optimizer of the MLP weights, sparse optimizer of the embedding tables) from `config.optimizer`."""
-  opt = config.optimizer
-  mlp = {'sgd': optax.sgd, 'adagrad': optax.adagrad, 'adam': optax.adam}[opt.mlp](opt.mlp_learning_rate)
-  tables = {'sgd': embedding.sparse_sgd, 'rowwise_adagrad': embedding.rowwise_adagrad}[opt.embedding](
-      opt.embedding_learning_rate)
-  return mlp, tables
+from shadowsync_jax.data import input_pipeline
+from shadowsync_jax.gba import emulated as gba_emulated
+from shadowsync_jax.gba import processes as gba_processes
+from shadowsync_jax.metrics import evaluation
+from shadowsync_jax.metrics import progress
+from shadowsync_jax.metrics import writer as metric_writer
+from shadowsync_jax.model import dlrm
+from shadowsync_jax.model import optimizers
+from shadowsync_jax.model import step as step_lib
+from shadowsync_jax.parallel import replicas
+from shadowsync_jax.parallel import straggler
+from shadowsync_jax.recovery import checkpointing
+from shadowsync_jax.recovery import emulated as recovery_lib
+from shadowsync_jax.sync import drivers as sync_drivers
 
 
 def init_replicated_state(config: ml_collections.ConfigDict, mesh) -> step_lib.TrainState:
   """A copy of one freshly initialized train state per replica of `mesh` (all replicas of the job start from the
   same model: every process builds it from the same seed)."""
-  mlp_optimizer, embedding_optimizer = make_optimizers(config)
+  mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
   state = step_lib.init_train_state(
-      jax.random.key(config.seed), model_lib.from_config(config.model), list(config.data.cardinalities), config.model.embedding_dim,
-      mlp_optimizer, embedding_optimizer)
+    jax.random.key(config.seed),
+    dlrm.from_config(config.model),
+    list(config.data.cardinalities),
+    config.model.embedding_dim,
+    mlp_optimizer,
+    embedding_optimizer,
+  )
   return replicas.replicate(state, mesh)
 
 
@@ -70,12 +66,17 @@ def make_train_step(config: ml_collections.ConfigDict, meshes: replicas.ReplicaM
   job's replicas every step (`meshes.job`). Shared embedding placement applies all the process's replicas' sparse
   gradients to every copy of the table.
   """
-  mlp_optimizer, embedding_optimizer = make_optimizers(config)
+  mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
   grad_axis = replicas.REPLICA_AXIS if config.sync.algorithm == 'sync_sgd' else None
   shared_axis = replicas.REPLICA_AXIS if config.sync.embedding_placement == 'shared' else None
-  step_fn = step_lib.make_train_step(model_lib.from_config(config.model), list(config.data.cardinalities), mlp_optimizer,
-                                     embedding_optimizer, grad_axis_name=grad_axis,
-                                     shared_embedding_axis_name=shared_axis)
+  step_fn = step_lib.make_train_step(
+    dlrm.from_config(config.model),
+    list(config.data.cardinalities),
+    mlp_optimizer,
+    embedding_optimizer,
+    grad_axis_name=grad_axis,
+    shared_embedding_axis_name=shared_axis,
+  )
   step_mesh = meshes.job if config.sync.algorithm == 'sync_sgd' else meshes.local
   replicated_step = replicas.make_replicated_step(step_fn, step_mesh)
   if step_mesh is meshes.local:
@@ -109,10 +110,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   """
   wall_start = time.perf_counter()
   num_processes, process_index = jax.process_count(), jax.process_index()
+  config = config_lib.resolve(config, num_processes)
   config_lib.validate(config, num_devices=len(jax.devices()), num_processes=num_processes)
   if config.sync.algorithm in config_lib.PARAMETER_SERVER_ALGORITHMS:  # One server model (DESIGN §8).
     # One process: its workers in emulated time; several: the job's replicas as workers, for real.
-    return (gba_processes if num_processes > 1 else gba_training).train_and_evaluate(config, workdir)
+    return (gba_processes if num_processes > 1 else gba_emulated).train_and_evaluate(config, workdir)
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   num_replicas, batch_size = config.num_replicas, config.batch_size
@@ -124,8 +126,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   meshes = replicas.make_meshes(num_replicas)
   state = init_replicated_state(config, meshes.local)
   recovering = config.recovery.mode != 'none'  # Then the recovery policy decides when to checkpoint.
-  checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints',
-                                            0 if recovering else config.train.checkpoint_every_steps)
+  checkpointer = checkpointing.Checkpointer(
+    workdir / 'checkpoints', 0 if recovering else config.train.checkpoint_every_steps
+  )
   driver = sync_drivers.make_driver(config, meshes)
   sync_state = driver.initial_sync_state(state)
   restored = checkpointer.restore_latest(checkpointing.abstract_like(_checkpointed(state, sync_state, meshes)))
@@ -137,8 +140,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   train_step = make_train_step(config, meshes)
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
   batches_from = lambda first_step: input_pipeline.train_batches(
-      train_source, num_replicas, batch_size, config.data.num_train_examples, start_step=first_step,
-      replicas=range(process_index * num_local, (process_index + 1) * num_local))
+    train_source,
+    num_replicas,
+    batch_size,
+    config.data.num_train_examples,
+    start_step=first_step,
+    replicas=range(process_index * num_local, (process_index + 1) * num_local),
+  )
   recovery = recovery_lib.make(config, checkpointer, meshes, workdir, total_steps)
   writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
   progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
@@ -148,7 +156,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   recovery.start(start_step, state, sync_state)
   log_every = config.train.log_every_steps
   if stop_step // log_every > start_step // log_every:  # Some step logs the divergence: compiled before the steps.
-    sync_drivers.replica_divergence.lower(state.params).compile()
+    replicas.replica_divergence.lower(state.params).compile()
   step, window, batches = start_step, _LossWindow(), batches_from(start_step)
   timed_start, timed_steps, pending_loss = None, 0, None
   try:
@@ -170,12 +178,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       progress_line.update(step)
       if step % config.train.log_every_steps == 0 and window.steps:
         now = time.perf_counter()
-        writer.write_scalars(step, {
+        writer.write_scalars(
+          step,
+          {
             'train_loss': window.loss_sum / window.steps,
             'examples_per_sec': window.steps * examples_per_step / (now - window.start),
             # This process's replicas only: a job-wide figure would need a collective beside the shadow thread's.
-            'replica_divergence': float(sync_drivers.replica_divergence(state.params)),
-            **{k: v for k, v in driver.stats().items() if v is not None}})
+            'replica_divergence': float(replicas.replica_divergence(state.params)),
+            **{k: v for k, v in driver.stats().items() if v is not None},
+          },
+        )
         window.reset(now)
       state, driver, rewind_to = recovery.after_step(step, state, driver, batch)  # Failures, their checkpoints.
       if rewind_to is not None:  # Full recovery: the data restarts at the restored checkpoint.
@@ -207,27 +219,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   local_examples_per_sec = timed_steps * num_local * batch_size / timed_seconds if timed_seconds > 0 else 0.0
   examples_per_sec_per_process = [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]
   summary = {
-      'eval_ne': eval_metrics['ne'],
-      'eval_auc': eval_metrics['auc'],
-      'eval_logloss': eval_metrics['logloss'],
-      'eval_calibration': eval_metrics['calibration'],
-      'bayes_ne': eval_metrics['bayes_ne'],
-      'eval_ne_per_replica': eval_metrics.get('ne_per_replica'),
-      'examples_per_sec': sum(examples_per_sec_per_process) if timed_seconds > 0 else None,
-      'examples_per_sec_per_process': examples_per_sec_per_process,
-      'train_examples': step * examples_per_step,
-      'train_steps': step,
-      'resumed_from_step': start_step,
-      'num_replicas': num_replicas,
-      'num_processes': num_processes,
-      'sync_algorithm': config.sync.algorithm,
-      **driver.stats(),  # sync_rounds, mean_sync_gap, max_sync_gap, mean_round_latency_s (of process 0)
-      'replica_divergence': float(replicas.fetch(_job_replica_divergence(state.params, meshes))),
-      'consensus_fingerprint_per_process': replicas.fingerprints_per_process(consensus),
-      'straggler_sleep_s': delay.slept_s,
-      **recovery.summary(),  # recovery_overhead_pct, num_failures, estimated_pls, actual_pls, ...
-      'wall_time_s': time.perf_counter() - wall_start,
-      'config': config.to_dict(),
+    'eval_ne': eval_metrics['ne'],
+    'eval_auc': eval_metrics['auc'],
+    'eval_logloss': eval_metrics['logloss'],
+    'eval_calibration': eval_metrics['calibration'],
+    'bayes_ne': eval_metrics['bayes_ne'],
+    'eval_ne_per_replica': eval_metrics.get('ne_per_replica'),
+    'examples_per_sec': sum(examples_per_sec_per_process) if timed_seconds > 0 else None,
+    'examples_per_sec_per_process': examples_per_sec_per_process,
+    'train_examples': step * examples_per_step,
+    'train_steps': step,
+    'resumed_from_step': start_step,
+    'num_replicas': num_replicas,
+    'num_processes': num_processes,
+    'sync_algorithm': config.sync.algorithm,
+    **driver.stats(),  # sync_rounds, mean_sync_gap, max_sync_gap, mean_round_latency_s (of process 0)
+    'replica_divergence': float(replicas.fetch(_job_replica_divergence(state.params, meshes))),
+    'consensus_fingerprint_per_process': replicas.fingerprints_per_process(consensus),
+    'straggler_sleep_s': delay.slept_s,
+    **recovery.summary(),  # recovery_overhead_pct, num_failures, estimated_pls, actual_pls, ...
+    'wall_time_s': time.perf_counter() - wall_start,
+    'config': config.to_dict(),
   }
   writer.write_scalars(step, {f'eval_{k}': v for k, v in eval_metrics.items() if isinstance(v, (int, float))})
   writer.close()
@@ -243,7 +255,7 @@ def _checkpointed(state_L: step_lib.TrainState, sync_state_R: Any, meshes: repli
 
 
 def _job_replica_divergence(params_L: Any, meshes: replicas.ReplicaMeshes) -> jax.Array:
-  return replicas.whole_on_job(sync_drivers.replica_divergence, meshes)(replicas.to_job(params_L, meshes))
+  return replicas.whole_on_job(replicas.replica_divergence, meshes)(replicas.to_job(params_L, meshes))
 
 
 def _gather_replicas(params_L: Any, meshes: replicas.ReplicaMeshes) -> Any:
@@ -252,4 +264,3 @@ def _gather_replicas(params_L: Any, meshes: replicas.ReplicaMeshes) -> Any:
   if jax.process_count() == 1:
     return jax.tree.map(np.asarray, params_L)
   return multihost_utils.process_allgather(replicas.to_job(params_L, meshes))
-

@@ -18,9 +18,22 @@ def _config(**overrides):
 
 
 # The keys every config has (DESIGN §9).
-CONTRACT_KEYS = ('num_replicas', 'seed', 'data.source', 'data.train_path', 'data.eval_path', 'data.num_train_examples',
-                 'data.num_eval_examples', 'batch_size', 'sync.algorithm', 'sync.every_k_steps', 'sync.min_interval_s',
-                 'sync.elastic_alpha', 'sync.block_momentum', 'sync.block_lr')
+CONTRACT_KEYS = (
+  'num_replicas',
+  'seed',
+  'data.source',
+  'data.train_path',
+  'data.eval_path',
+  'data.num_train_examples',
+  'data.num_eval_examples',
+  'batch_size',
+  'sync.algorithm',
+  'sync.every_k_steps',
+  'sync.min_interval_s',
+  'sync.elastic_alpha',
+  'sync.block_momentum',
+  'sync.block_lr',
+)
 
 
 @pytest.mark.parametrize('variant', ['', 'tiny'])
@@ -33,9 +46,11 @@ def test_default_and_tiny_configs_are_valid_and_have_the_contract_keys(variant):
     assert leaf in (flat[section] if section else flat), key
 
 
-@pytest.mark.parametrize('overrides, key', [
+@pytest.mark.parametrize(
+  'overrides, key',
+  [
     ({'num_replicas': 9}, 'num_replicas'),
-    ({'num_replicas': 0}, 'num_replicas'),
+    ({'num_replicas': -1}, 'num_replicas'),
     ({'optimizer__mlp_learning_rate': -0.1}, 'optimizer.mlp_learning_rate'),
     ({'optimizer__embedding_learning_rate': 0.0}, 'optimizer.embedding_learning_rate'),
     ({'sync__algorithm': 'gossip'}, 'sync.algorithm'),
@@ -51,7 +66,8 @@ def test_default_and_tiny_configs_are_valid_and_have_the_contract_keys(variant):
     ({'batch_size': 0}, 'batch_size'),
     ({'data__num_train_examples': 100}, 'data.num_train_examples'),
     ({'sync__block_momentum': 1.0}, 'sync.block_momentum'),
-])
+  ],
+)
 def test_invalid_value_names_the_key(overrides, key):
   with pytest.raises(config_lib.ConfigError, match=key.replace('.', r'\.')):
     config_lib.validate(_config(**overrides), num_devices=8)

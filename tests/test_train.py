@@ -9,9 +9,21 @@ from experiments.configs import default
 from shadowsync_jax import config as config_lib
 from shadowsync_jax import train
 
-SUMMARY_KEYS = ('eval_ne', 'eval_auc', 'eval_logloss', 'bayes_ne', 'examples_per_sec', 'train_examples',
-                'num_replicas', 'num_processes', 'sync_algorithm', 'sync_rounds', 'mean_sync_gap', 'wall_time_s',
-                'config')
+SUMMARY_KEYS = (
+  'eval_ne',
+  'eval_auc',
+  'eval_logloss',
+  'bayes_ne',
+  'examples_per_sec',
+  'train_examples',
+  'num_replicas',
+  'num_processes',
+  'sync_algorithm',
+  'sync_rounds',
+  'mean_sync_gap',
+  'wall_time_s',
+  'config',
+)
 
 
 def _tiny(**overrides):
@@ -42,9 +54,9 @@ def test_tiny_run_learns_and_writes_the_summary(one_replica_run):
 
 def test_metrics_stream_is_written(one_replica_run):
   workdir, _ = one_replica_run
-  lines = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
-  assert any('train_loss' in l for l in lines)
-  assert any('eval_ne' in l for l in lines)
+  lines = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  assert any('train_loss' in line for line in lines)
+  assert any('eval_ne' in line for line in lines)
   assert list(workdir.glob('events.out.tfevents.*')), 'no TensorBoard event file'
 
 
@@ -69,11 +81,15 @@ def test_sync_sgd_on_eight_replicas_equals_one_replica_on_the_global_batch(one_r
   assert summary['eval_auc'] == pytest.approx(one_replica['eval_auc'], rel=1e-3)
 
 
-@pytest.mark.parametrize('overrides', [
+@pytest.mark.parametrize(
+  'overrides',
+  [
     {},
     # Elastic averaging carries state across rounds (the center): the checkpoint must hold it too.
     {'num_replicas': 4, 'batch_size': 32, 'sync__algorithm': 'fr_ea', 'sync__every_k_steps': 7},
-], ids=['none', 'fr_ea'])
+  ],
+  ids=['none', 'fr_ea'],
+)
 def test_interrupted_run_resumes_to_the_same_result(tmp_path, overrides):
   uninterrupted = train.train_and_evaluate(_tiny(**overrides), tmp_path / 'straight')
   first = train.train_and_evaluate(_tiny(train__stop_at_step=50, **overrides), tmp_path / 'resumed')
@@ -112,8 +128,16 @@ def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm
   jax.monitoring.register_event_duration_secs_listener(on_event)
   try:
     summary = train.train_and_evaluate(
-        _tiny(num_replicas=8, batch_size=32, data__num_train_examples=16_384, sync__algorithm=algorithm,
-              sync__every_k_steps=10, sync__min_interval_s=0.0), tmp_path)
+      _tiny(
+        num_replicas=8,
+        batch_size=32,
+        data__num_train_examples=16_384,
+        sync__algorithm=algorithm,
+        sync__every_k_steps=10,
+        sync__min_interval_s=0.0,
+      ),
+      tmp_path,
+    )
   finally:
     jax.monitoring.unregister_event_duration_listener(on_event)
   assert len(compiles_before_step) == 64
@@ -128,4 +152,3 @@ def test_invalid_config_fails_before_training(tmp_path):
   with pytest.raises(config_lib.ConfigError, match='num_replicas'):
     train.train_and_evaluate(_tiny(num_replicas=16), tmp_path)
   assert not list(tmp_path.iterdir())
-

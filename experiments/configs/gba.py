@@ -4,10 +4,10 @@ r"""The GBA study's setting: the default problem on 8 workers of batch 64, 1M ex
 
 `experiments.gba_study` trains `sync_sgd`, `async_sgd` and `gba` with these same hyperparameters, without and with
 stragglers (`--straggler_prob`, default 0.1: a step is 4x slower with that chance, per worker and step), and prints
-the README's table. Expected on 2 CPU cores: about 5 minutes (8 with `--tune_learning_rates=0.025,0.05,0.1,0.2`);
-gba's eval NE within a few tenths of a percent of sync_sgd's; with stragglers gba about 2x sync_sgd's emulated
-examples/sec. `:tiny` is the smoke test's variant (the tiny problem, seconds per run; too short for the figures
-above).
+the table of docs/studies/gba.md. Expected on 2 CPU cores: about 5 minutes (8 with
+`--tune_learning_rates=0.025,0.05,0.1,0.2`); gba's eval NE within a few tenths of a percent of sync_sgd's; with
+stragglers gba about 2x sync_sgd's emulated examples/sec. `:tiny` is the smoke test's variant (the tiny problem,
+seconds per run; too short for the figures above).
 """
 
 from experiments.configs import default
@@ -17,8 +17,8 @@ def get_config(variant: str = ''):
   config = default.get_config(variant)
   config.num_replicas = 8  # Workers of the parameter server; replicas of sync_sgd.
   config.batch_size = 64  # Local batch: the global batch of sync_sgd and of GBA's aggregation is 8 x 64.
-  # sync_sgd's best of 0.025, 0.05, 0.1 and 0.2 on the full problem (`--tune_learning_rates`, README): the three
-  # algorithms train with the synchronous run's hyperparameters, as in the GBA paper.
+  # sync_sgd's best of 0.025, 0.05, 0.1 and 0.2 on the full problem (`--tune_learning_rates`, docs/studies/gba.md):
+  # the three algorithms train with the synchronous run's hyperparameters, as in the GBA paper.
   config.optimizer.mlp_learning_rate = config.optimizer.embedding_learning_rate = 0.1
   if not variant:
     config.data.num_train_examples = 1_000_000

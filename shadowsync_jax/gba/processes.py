@@ -1,0 +1,385 @@
+"""GBA and async SGD across processes, for real: each process holds a copy of the server, a thread exchanges gradients.
+
+  # every process of a `jax.distributed` job, with sync.algorithm 'gba' or 'async_sgd':
+  summary = processes.train_and_evaluate(config, workdir)   # train.train_and_evaluate dispatches here
+
+The one-process `emulated` orders its workers' pushes by emulated step times; here the workers are the job's R
+replicas, L on each process, really running at their own pace (a straggler: `straggler.process`/`slowdown`). The
+server of DESIGN §8 is kept as one identical copy per process (a `server.Server`):
+
+- the training loop (each process's L workers, one vmapped gradient per local step) takes the newest server params
+  and global step g (the token), computes its L gradients on them and pushes them to the process's outbox. It
+  never issues a collective. It waits while `gba.max_in_flight_steps` of its steps are not yet in the server copy:
+  with 1 (the default) a worker pushes, then pulls a server that holds its gradient, as a parameter-server worker
+  does; more overlaps computing with the exchange, at the price of staleness;
+- the exchange thread, the only issuer of cross-process collectives (DESIGN §3), loops rounds: it takes everything
+  in the outbox, gathers every process's part (one all-gather of a `Codec`-packed array: the gradients and whether
+  the process is done), and feeds them to its server copy in one order that every process shares (by process,
+  then local step, then worker). Every copy applies the same gradients in the same order with the same jitted
+  function, so all stay one model: bit for bit on CPU, where XLA is deterministic; the summary's
+  `consensus_fingerprint_per_process` shows it (on GPUs scatter-adds are not deterministic and the copies may
+  drift apart by rounding, which the fingerprints would show; not tried on a GPU).
+
+Staleness is real: g advances while a gradient is computed and waits in an outbox. `gba.failure_prob` loses tokens
+as in the emulation (the gradient is computed, never sent). Checkpoints have sync_sgd's layout and are taken at
+step boundaries where the exchange has drained (the thread ends once every process reached the boundary and all
+gradients are applied; the training loop then saves with no other collective running), so a run switches between
+`sync_sgd`, `gba` and `async_sgd` across processes as it does in one.
+"""
+
+import pathlib
+import threading
+import time
+from typing import Any, NamedTuple
+
+import jax
+from jax.experimental import multihost_utils
+import ml_collections
+import numpy as np
+
+from shadowsync_jax.data import input_pipeline
+from shadowsync_jax.gba import server as server_lib
+from shadowsync_jax.gba import step_times
+from shadowsync_jax.metrics import evaluation
+from shadowsync_jax.metrics import progress
+from shadowsync_jax.metrics import writer as metric_writer
+from shadowsync_jax.model import dlrm
+from shadowsync_jax.model import step as step_lib
+from shadowsync_jax.parallel import replicas
+from shadowsync_jax.parallel import straggler
+from shadowsync_jax.recovery import checkpointing
+
+PyTree = Any
+_POLL_S = 0.05  # How often a waiting thread checks for an error or a stop.
+_IDLE_WAIT_S = 0.005  # A round with nothing to send anywhere: how long the thread waits for its own outbox.
+_ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
+
+
+class StepGradients(NamedTuple):
+  """What a process's L workers push after one local step: the token (global step g their params had), the step,
+  which workers failed (their tokens are lost), and the stacked gradients ([L, ...] leaves)."""
+
+  token: int
+  step: int
+  failed_L: np.ndarray  # bool [L]
+  loss_L: Any
+  mlp_grads_L: Any
+  row_ids_LxN: Any
+  row_grads_LxNxD: Any
+
+
+class Codec:
+  """Packs a process's part of one exchange round, up to `capacity` `StepGradients` and whether it is done, into
+  one float32 array [1 + capacity, W] (one all-gather per round; integers travel bit for bit as float32 bits).
+  Built from the shapes of one entry (`jax.eval_shape` of the gradient): a process can unpack before it computed
+  anything."""
+
+  def __init__(self, example: StepGradients, capacity: int):
+    self.capacity = capacity
+    self._mlp_def = jax.tree.structure(example.mlp_grads_L)
+    self._float_shapes = [
+      np.shape(x) for x in [example.loss_L, *jax.tree.leaves(example.mlp_grads_L), example.row_grads_LxNxD]
+    ]
+    self._ids_shape = np.shape(example.row_ids_LxN)
+    self._num_workers = len(example.failed_L)
+    self._num_ints = 2 + self._num_workers + int(np.prod(self._ids_shape))
+    self._width = self._num_ints + sum(int(np.prod(shape)) for shape in self._float_shapes)
+
+  def pack(self, entries: list[StepGradients], done: bool) -> np.ndarray:
+    """Row 0: (number of entries, done); then one row per entry; zeros after."""
+    if len(entries) > self.capacity:
+      raise ValueError(f'{len(entries)} entries exceed the capacity of {self.capacity}.')
+    packed = np.zeros((1 + self.capacity, self._width), np.float32)
+    ints = packed.view(np.int32)  # The same memory: integers stored as they are.
+    ints[0, :2] = len(entries), done
+    for k, entry in enumerate(entries, start=1):
+      ints[k, : self._num_ints] = np.concatenate(
+        [[entry.token, entry.step], entry.failed_L, np.ravel(entry.row_ids_LxN)]
+      )
+      leaves = [entry.loss_L, *jax.tree.leaves(entry.mlp_grads_L), entry.row_grads_LxNxD]
+      packed[k, self._num_ints :] = np.concatenate([np.ravel(np.asarray(x, np.float32)) for x in leaves])
+    return packed
+
+  def unpack(self, packed: np.ndarray) -> tuple[list[StepGradients], bool]:
+    """A process's entries (numpy leaves) and whether it is done, from its packed array."""
+    ints = np.ascontiguousarray(packed).view(np.int32)
+    count, done = int(ints[0, 0]), bool(ints[0, 1])
+    entries = []
+    for k in range(1, 1 + count):
+      leaves, offset = [], self._num_ints
+      for shape in self._float_shapes:
+        size = int(np.prod(shape))
+        leaves.append(packed[k, offset : offset + size].reshape(shape))
+        offset += size
+      loss_L, *mlp_leaves, row_grads_LxNxD = leaves
+      failed_L = ints[k, 2 : 2 + self._num_workers].astype(bool)
+      row_ids_LxN = ints[k, 2 + self._num_workers : self._num_ints].reshape(self._ids_shape)
+      entries.append(
+        StepGradients(
+          int(ints[k, 0]),
+          int(ints[k, 1]),
+          failed_L,
+          loss_L,
+          jax.tree.unflatten(self._mlp_def, mlp_leaves),
+          row_ids_LxN,
+          row_grads_LxNxD,
+        )
+      )
+    return entries, done
+
+
+class GradientExchange:
+  """The exchange thread of one segment of training (up to a checkpoint or the end) and the outbox it drains.
+
+  exchange = GradientExchange(server, codec, max_in_flight_steps)
+  exchange.start()                     # the thread reserves the job's collectives until it ends
+  params, token = exchange.pull()      # training loop: the newest server params and global step, once fewer
+                                       # than max_in_flight_steps of its steps are not yet in the server copy
+  exchange.push(StepGradients(...))    # raises the thread's error
+  exchange.finish()                    # this process is at the boundary: returns when every process is, and every
+                                       # gradient of the job is applied (the servers then agree)
+  """
+
+  def __init__(self, server: server_lib.Server, codec: Codec, max_in_flight_steps: int):
+    self.server, self._codec, self._max_in_flight = server, codec, max_in_flight_steps
+    self._pushed = self._applied = 0  # This process's local steps pushed, and applied by the server copy.
+    self._latest = (server.state.params, server.global_step)
+    self._outbox: list[StepGradients] = []
+    self._changed = threading.Condition()
+    self._done = False  # This process pushed its last gradients of the segment.
+    self._stop = threading.Event()
+    self._error: BaseException | None = None
+    self._thread = threading.Thread(target=self._run, name='gba-exchange', daemon=True)
+    self.rounds = 0
+    self.lost_tokens = 0
+    self.losses: list[float] = []  # Of the gradients applied, for the train-loss metric; the caller clears it.
+
+  def start(self) -> None:
+    replicas.reserve_collectives(self._thread)
+    self._thread.start()
+
+  def pull(self) -> tuple[PyTree, int]:
+    """(server params, global step), after waiting for room: fewer than `max_in_flight_steps` pushed steps of this
+    process not yet received by the server copy."""
+    with self._changed:
+      while self._pushed - self._applied >= self._max_in_flight and self._error is None:
+        self._changed.wait(timeout=_POLL_S)
+      self._raise_if_failed()
+      return self._latest
+
+  def push(self, gradients: StepGradients) -> None:
+    with self._changed:
+      self._raise_if_failed()
+      self._outbox.append(gradients)
+      self._pushed += 1
+      self._changed.notify_all()
+
+  def finish(self) -> None:
+    with self._changed:
+      self._done = True
+      self._changed.notify_all()
+    try:
+      while self._thread.is_alive():
+        self._thread.join(timeout=_POLL_S)
+    finally:
+      replicas.reserve_collectives(None)
+    self._raise_if_failed()
+
+  def abandon(self) -> None:
+    """The run is failing: stop the thread (it may be stuck in a collective with a dead process: not forever)."""
+    self._stop.set()
+    self._thread.join(timeout=_ABANDON_JOIN_S)
+    replicas.reserve_collectives(None)
+
+  def _raise_if_failed(self) -> None:
+    if self._error is not None:
+      raise self._error
+
+  def _run(self) -> None:
+    try:
+      while not self._stop.is_set():
+        if not self._round():
+          self.server.flush()  # Lost tokens can leave a global batch part full at the boundary.
+          self._publish()
+          return
+    except BaseException as error:  # pylint: disable=broad-except  (handed to the training thread as it is)
+      with self._changed:
+        self._error = error
+        self._changed.notify_all()
+
+  def _take_unsent(self) -> tuple[list[StepGradients], bool]:
+    """Everything in the outbox (waiting a moment when it is empty) and whether this process is done."""
+    with self._changed:
+      if not self._outbox and not self._done:
+        self._changed.wait(timeout=_IDLE_WAIT_S)
+      entries, self._outbox = self._outbox, []
+      return entries, self._done
+
+  def _round(self) -> bool:
+    """One exchange; False once every process is done and nothing is left to apply anywhere."""
+    entries, done = self._take_unsent()
+    packed_P = np.asarray(_gather(self._codec.pack(entries, done)))
+    self.rounds += 1
+    parts = [self._codec.unpack(packed) for packed in packed_P]
+    if all(done and not received for received, done in parts):
+      return False
+    for process, (received, _) in enumerate(parts):  # One order on every process: by process, then local step.
+      for entry in received:
+        self._receive(process, entry)
+    self._publish()
+    with self._changed:
+      self._applied += len(entries)
+      self._changed.notify_all()
+    return True
+
+  def _receive(self, process: int, entry: StepGradients) -> None:
+    num_local = len(entry.failed_L)
+    for local in range(num_local):
+      if entry.failed_L[local]:
+        self.lost_tokens += 1
+        continue
+      pick = lambda x, local=local: x[local]
+      self.losses.append(float(entry.loss_L[local]))
+      self.server.receive(
+        server_lib.Gradient(
+          process * num_local + local,
+          entry.token,
+          entry.loss_L[local],
+          jax.tree.map(pick, entry.mlp_grads_L),
+          entry.row_ids_LxN[local],
+          entry.row_grads_LxNxD[local],
+        )
+      )
+
+  def _publish(self) -> None:
+    self._latest = (self.server.state.params, self.server.global_step)
+
+
+def _gather(tree: PyTree) -> PyTree:
+  """Every process's `tree` (host arrays of one shape everywhere), stacked on a new leading axis: a collective."""
+  replicas.check_collective_thread('the gradient exchange')
+  return multihost_utils.process_allgather(tree)
+
+
+def make_local_gradient_fn(config: ml_collections.ConfigDict):
+  """`gradients(params, batch_L) -> (loss_L, mlp_grads_L, row_ids_LxN, row_grads_LxNxD)`: the L local workers'
+  gradients on the same params (one jitted, vmapped `step.make_gradient_fn`)."""
+  gradient_fn = step_lib.make_gradient_fn(dlrm.from_config(config.model), list(config.data.cardinalities))
+  return jax.jit(jax.vmap(gradient_fn, in_axes=(None, 0)))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
+  """Trains `config` (gba or async_sgd, validated by the caller) as every process of the job, resuming from the
+  newest checkpoint in `workdir` (one of sync_sgd's too); returns the summary (process 0 writes summary.json), or
+  {'stopped_at_step': step} when `config.train.stop_at_step` stops it early."""
+  wall_start = time.perf_counter()
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  num_processes, process_index = jax.process_count(), jax.process_index()
+  num_workers, batch_size = config.num_replicas, config.batch_size
+  num_local = num_workers // num_processes
+  workers = range(process_index * num_local, (process_index + 1) * num_local)
+  total_steps = input_pipeline.num_steps(config.data.num_train_examples, num_workers, batch_size)
+  stop_step = min(config.train.stop_at_step or total_steps, total_steps)
+
+  state = server_lib.init_server_state(config)
+  meshes = replicas.make_meshes(num_workers)
+  checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints', config.train.checkpoint_every_steps)
+  restored = checkpointer.restore_latest(server_lib.stacked_abstract(state, meshes.job))
+  start_step = 0
+  if restored is not None:
+    tree, start_step = restored
+    state = server_lib.server_state_from_checkpoint({'train': replicas.to_local(tree['train'], meshes)}, workdir)
+    print(
+      f'Resumed from the checkpoint at step {start_step} of {total_steps} in {workdir} (global step {int(state.step)}).'
+    )
+  train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
+  batches = input_pipeline.train_batches(
+    train_source, num_workers, batch_size, config.data.num_train_examples, start_step=start_step, replicas=workers
+  )
+  fails_RxK = step_times.WorkerStepTimes.sample(config.gba, num_workers, total_steps, config.seed).fails_RxK
+  gradient_fn = make_local_gradient_fn(config)
+  example_batch = input_pipeline.read_global_batch(train_source, num_workers, batch_size, 0, replicas=workers)
+  codec = Codec(
+    StepGradients(0, 0, np.zeros(num_local, bool), *jax.eval_shape(gradient_fn, state.params, example_batch)),
+    capacity=config.gba.max_in_flight_steps,
+  )  # At most that many steps wait in the outbox.
+  server = server_lib.Server(state, config, donate=False)  # The training loop may still read replaced params.
+  writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
+  progress_line = progress.ProgressLine(
+    total_steps, num_workers * batch_size, every_seconds=config.train.progress_every_s
+  )
+  delay = straggler.Straggler(config.straggler.slowdown if config.straggler.process == process_index else 1.0)
+
+  step, rounds, lost_tokens = start_step, 0, 0
+  compiled, busy_s, busy_steps, window = False, 0.0, 0, (time.perf_counter(), step)
+  boundaries = checkpointer.boundaries(start_step, stop_step)
+  for boundary in boundaries:
+    exchange = GradientExchange(server, codec, config.gba.max_in_flight_steps)
+    exchange.start()
+    try:
+      # This process's own pace: its steps, not the waits at boundaries for the others (nor the first, compiling).
+      segment_start, results = time.perf_counter(), None
+      while step < boundary:
+        params, token = exchange.pull()
+        results = gradient_fn(params, next(batches))
+        jax.block_until_ready(results)  # A worker computes one gradient at a time: it pulls again after pushing.
+        delay.after_step(results[0])
+        exchange.push(StepGradients(token, step, fails_RxK[workers.start : workers.stop, step], *results))
+        step += 1
+        if not compiled:
+          compiled, segment_start = True, time.perf_counter()
+        else:
+          busy_steps += 1
+        progress_line.update(step)
+        if step % config.train.log_every_steps == 0 and exchange.losses:
+          now = time.perf_counter()
+          writer.write_scalars(
+            step,
+            {
+              'train_loss': float(np.mean(exchange.losses)),
+              'examples_per_sec': (step - window[1]) * num_local * batch_size / (now - window[0]),
+              'gba_global_steps': server.global_step,
+            },
+          )
+          exchange.losses.clear()
+          window = (now, step)
+      jax.block_until_ready(results)
+      busy_s += time.perf_counter() - segment_start
+      exchange.finish()  # Every process at the boundary, every gradient applied: the servers agree.
+    except BaseException:
+      exchange.abandon()
+      raise
+    rounds, lost_tokens = rounds + exchange.rounds, lost_tokens + exchange.lost_tokens
+    checkpointer.save(
+      boundary,
+      checkpointing.training_tree(replicas.to_job(replicas.replicate(server.state, meshes.local), meshes), None),
+    )
+  checkpointer.close()
+  progress_line.finish()
+  if stop_step < total_steps:
+    writer.close()
+    print(f'Stopped at step {stop_step} of {total_steps}; rerun with the same workdir to resume.')
+    return {'stopped_at_step': stop_step}
+
+  params = jax.tree.map(np.asarray, server.state.params)
+  eval_metrics = evaluation.evaluate(config, params, None, eval_source)
+  local_examples_per_sec = busy_steps * num_local * batch_size / busy_s if busy_s > 0 else 0.0
+  examples_per_sec_per_process = [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]
+  summary = server_lib.server_summary(
+    config, eval_metrics, server, start_step, examples_per_sec_per_process, lost_tokens
+  )
+  summary.update(
+    {
+      'consensus_fingerprint_per_process': replicas.fingerprints_per_process(params),
+      'straggler_sleep_s': delay.slept_s,
+      'exchange_rounds': rounds,
+      'wall_time_s': time.perf_counter() - wall_start,
+      'config': config.to_dict(),
+    }
+  )
+  writer.write_scalars(total_steps, {f'eval_{k}': v for k, v in eval_metrics.items() if isinstance(v, (int, float))})
+  writer.close()
+  if process_index == 0:
+    metric_writer.write_summary(workdir, summary)
+  return summary

@@ -1,0 +1,158 @@
+"""The pure per-replica train step and the predict function of DLRM.
+
+  model = DLRM(bottom_mlp=(512, 256, 64, 16), top_mlp=(512, 256, 1))
+  mlp_opt, emb_opt = optax.adagrad(0.01), embedding.rowwise_adagrad(0.05)
+  state = init_train_state(key, model, cardinalities, 16, mlp_opt, emb_opt)
+  train_step = jax.jit(make_train_step(model, cardinalities, mlp_opt, emb_opt), donate_argnums=0)
+  state, metrics = train_step(state, batch)  # metrics['loss']: mean log loss of the batch
+  probs_B = make_predict_fn(model, cardinalities)(state.params, batch.dense, batch.sparse)
+
+A step touches one replica. For classic synchronous SGD pass `grad_axis_name` and call the step inside
+`jax.shard_map` over that mesh axis: MLP gradients are averaged and every replica applies the sparse updates of
+all replicas, so replicas stay identical and equal one model trained on the concatenated global batch.
+
+The step is `make_gradient_fn` (loss, MLP gradients, touched rows and their gradients) followed by `make_apply_fn`
+(the optimizers); a parameter server that aggregates gradients itself (`gba.server`) uses the two apart.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import optax
+
+from shadowsync_jax.data.batch import NUM_DENSE_FEATURES
+from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.model import embedding
+from shadowsync_jax.model.dlrm import DLRM
+
+
+class TrainState(NamedTuple):
+  params: dict[str, Any]  # {'mlp': flax params, 'embedding': float32 [sum(cardinalities), D]}
+  mlp_opt_state: optax.OptState
+  embedding_opt_state: Any
+  step: jax.Array  # int32 []
+
+
+def init_train_state(
+  key: jax.Array,
+  model: DLRM,
+  cardinalities: Sequence[int],
+  embedding_dim: int,
+  mlp_optimizer: optax.GradientTransformation,
+  embedding_optimizer: embedding.SparseOptimizer,
+) -> TrainState:
+  """The state of ONE replica; stack R of them (same or different keys) for R replicas."""
+
+  @jax.jit  # one compiled program instead of op-by-op dispatch of the whole init
+  def init(key):
+    mlp_key, table_key = jax.random.split(key)
+    dense_1xF = jnp.zeros((1, NUM_DENSE_FEATURES), jnp.float32)
+    emb_1xTxD = jnp.zeros((1, len(cardinalities), embedding_dim), jnp.float32)
+    mlp_params = model.init(mlp_key, dense_1xF, emb_1xTxD)['params']
+    table_VxD = embedding.init_table(table_key, cardinalities, embedding_dim)
+    return TrainState(
+      params={'mlp': mlp_params, 'embedding': table_VxD},
+      mlp_opt_state=mlp_optimizer.init(mlp_params),
+      embedding_opt_state=embedding_optimizer.init(table_VxD),
+      step=jnp.zeros((), jnp.int32),
+    )
+
+  return init(key)
+
+
+def make_gradient_fn(
+  model: DLRM, cardinalities: Sequence[int]
+) -> Callable[[dict[str, Any], Batch], tuple[jax.Array, Any, jax.Array, jax.Array]]:
+  """gradients(params, batch) -> (loss, mlp_grads, row_ids_N, row_grads_NxD) of ONE replica's batch; pure.
+
+  The embedding gradient comes as the touched rows (`row_ids_N`, N = B T, repeats allowed) and their gradients,
+  never as a table-sized array: what a sparse optimizer (or a parameter server, `gba.server`) consumes.
+  """
+  offsets_T = embedding.table_offsets(cardinalities)
+
+  def loss_fn(mlp_params, emb_BxTxD, dense_BxF, label_B):
+    logits_B = model.apply({'params': mlp_params}, dense_BxF, emb_BxTxD)
+    return optax.sigmoid_binary_cross_entropy(logits_B, label_B).mean()
+
+  def gradients(params, batch: Batch):
+    row_ids_BxT = embedding.global_row_ids(batch.sparse, offsets_T)
+    emb_BxTxD = embedding.lookup(params['embedding'], row_ids_BxT)
+    loss, (mlp_grads, emb_grads_BxTxD) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
+      params['mlp'], emb_BxTxD, batch.dense, batch.label
+    )
+    row_ids_N = row_ids_BxT.reshape(-1)
+    return loss, mlp_grads, row_ids_N, emb_grads_BxTxD.reshape(row_ids_N.shape[0], -1)
+
+  return gradients
+
+
+def make_apply_fn(
+  mlp_optimizer: optax.GradientTransformation, embedding_optimizer: embedding.SparseOptimizer
+) -> Callable[[TrainState, Any, jax.Array, jax.Array], TrainState]:
+  """apply(state, mlp_grads, row_ids_N, row_grads_NxD) -> state with the update applied and `step + 1`; pure."""
+
+  def apply(state: TrainState, mlp_grads, row_ids_N, row_grads_NxD):
+    # Every read of the old params (the backward matmuls) happens before the in-place update: without this
+    # ordering XLA copies each donated kernel to keep the old value alive.
+    mlp_params, mlp_grads, row_grads_NxD = lax.optimization_barrier((state.params['mlp'], mlp_grads, row_grads_NxD))
+    updates, mlp_opt_state = mlp_optimizer.update(mlp_grads, state.mlp_opt_state, mlp_params)
+    mlp_params = optax.apply_updates(mlp_params, updates)
+    table_VxD, embedding_opt_state = embedding_optimizer.update(
+      state.params['embedding'], state.embedding_opt_state, row_ids_N, row_grads_NxD
+    )
+    return TrainState(
+      params={'mlp': mlp_params, 'embedding': table_VxD},
+      mlp_opt_state=mlp_opt_state,
+      embedding_opt_state=embedding_opt_state,
+      step=state.step + 1,
+    )
+
+  return apply
+
+
+def make_train_step(
+  model: DLRM,
+  cardinalities: Sequence[int],
+  mlp_optimizer: optax.GradientTransformation,
+  embedding_optimizer: embedding.SparseOptimizer,
+  grad_axis_name: str | None = None,
+  shared_embedding_axis_name: str | None = None,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+  """train_step(state, batch) -> (state, {'loss': mean log loss of this replica's batch}); pure, not jitted.
+
+  `shared_embedding_axis_name` (embedding placement `shared`, DESIGN §4): the replicas along that axis hold one
+  logical table, and every step each applies the sparse gradients of all of them (summed, as trainers pushing to
+  an embedding parameter server), so the copies stay identical; the MLPs stay per replica.
+  """
+  gradients = make_gradient_fn(model, cardinalities)
+  apply = make_apply_fn(mlp_optimizer, embedding_optimizer)
+
+  def train_step(state: TrainState, batch: Batch):
+    loss, mlp_grads, row_ids_N, row_grads_NxD = gradients(state.params, batch)
+    if grad_axis_name is not None:
+      mlp_grads = lax.pmean(mlp_grads, grad_axis_name)
+      num_replicas = lax.axis_size(grad_axis_name)
+      row_ids_N = lax.all_gather(row_ids_N, grad_axis_name, tiled=True)
+      row_grads_NxD = lax.all_gather(row_grads_NxD / num_replicas, grad_axis_name, tiled=True)
+    elif shared_embedding_axis_name is not None:  # Every replica's sparse update lands in the one shared table.
+      row_ids_N = lax.all_gather(row_ids_N, shared_embedding_axis_name, tiled=True)
+      row_grads_NxD = lax.all_gather(row_grads_NxD, shared_embedding_axis_name, tiled=True)
+    return apply(state, mlp_grads, row_ids_N, row_grads_NxD), {'loss': loss}
+
+  return train_step
+
+
+def make_predict_fn(
+  model: DLRM, cardinalities: Sequence[int]
+) -> Callable[[dict[str, Any], jax.Array, jax.Array], jax.Array]:
+  """predict(params, dense_BxF, sparse_BxT) -> click probabilities [B]; pure, not jitted."""
+  offsets_T = embedding.table_offsets(cardinalities)
+
+  def predict(params, dense_BxF, sparse_BxT):
+    emb_BxTxD = embedding.lookup(params['embedding'], embedding.global_row_ids(sparse_BxT, offsets_T))
+    return jax.nn.sigmoid(model.apply({'params': params['mlp']}, dense_BxF, emb_BxTxD))
+
+  return predict

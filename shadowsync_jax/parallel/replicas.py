@@ -1,0 +1,253 @@
+"""Replicas as a leading axis: R copies of the train state, one per device, stepped by one jitted `shard_map`.
+
+  mesh = replicas.make_mesh(num_replicas)
+  state_R = replicas.replicate(state, mesh)                     # every leaf gains a leading axis R, sharded
+  train_step = replicas.make_replicated_step(step_fn, mesh)    # jit(shard_map(step_fn)), state donated
+  state_R, metrics_R = train_step(state_R, replicas.shard(batch_RxB, mesh))
+  mean_params = replicas.replica_mean(state_R.params)          # one model: the average of the replicas
+
+Inside the step each device sees its own replica with the leading axis removed, so `step_fn` is the plain
+one-replica step; collectives over `REPLICA_AXIS` (sync SGD) are the only coupling between replicas.
+
+Several processes (`jax.distributed`): the job's R replicas are split evenly, process p holding replicas
+[p L, (p + 1) L) on its first L local devices. Two meshes name the same replica axis:
+
+  meshes = replicas.make_meshes(num_replicas)   # .local: this process's L replicas; .job: all R of the job
+  state_L = ...                                 # the train state lives on meshes.local: steps stay process-local
+  params_R = replicas.to_job(params_L, meshes)  # the same buffers seen as the job's [R, ...] array (no copy)
+  params_L = replicas.to_local(params_R, meshes)
+
+A sync round, sync SGD's step and the final consensus run on `meshes.job`; everything else on `meshes.local`. With
+one process the two meshes are one object and the conversions return their argument.
+
+Across processes, two threads issuing collectives pair calls with the wrong partners (DESIGN §3). While a thread
+has reserved them (`reserve_collectives`: the shadow thread, from start to finish), the job-wide functions here and
+in the sync drivers raise CollectiveThreadError when called from any other thread.
+"""
+
+from collections.abc import Callable
+import functools
+import hashlib
+import threading
+from typing import Any, NamedTuple
+
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+REPLICA_AXIS = 'replica'
+
+PyTree = Any
+
+
+def make_mesh(num_replicas: int, devices: list[jax.Device] | None = None) -> Mesh:
+  """A one-axis mesh over the first `num_replicas` devices."""
+  devices = list(jax.devices() if devices is None else devices)
+  if num_replicas > len(devices):
+    raise ValueError(f'num_replicas={num_replicas} exceeds the {len(devices)} available devices.')
+  # Auto axis: shardings are placed by jit, not carried in types, so plain indexing works on replica arrays.
+  return jax.make_mesh(
+    (num_replicas,), (REPLICA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=devices[:num_replicas]
+  )
+
+
+class ReplicaMeshes(NamedTuple):
+  """The replica axis as this process sees it (`local`) and as the whole job does (`job`)."""
+
+  local: Mesh
+  job: Mesh
+
+
+def make_meshes(num_replicas: int) -> ReplicaMeshes:
+  """`num_replicas` job replicas split evenly over the processes, each on its own first local devices."""
+  num_processes = jax.process_count()
+  if num_replicas % num_processes:
+    raise ValueError(f'num_replicas={num_replicas} must be a multiple of the process count ({num_processes}).')
+  per_process = num_replicas // num_processes
+  local = make_mesh(per_process, sorted(jax.local_devices(), key=lambda d: d.id))
+  if num_processes == 1:
+    return ReplicaMeshes(local, local)
+  by_process: dict[int, list[jax.Device]] = {}
+  for device in sorted(jax.devices(), key=lambda d: d.id):
+    by_process.setdefault(device.process_index, []).append(device)
+  if any(len(devices) < per_process for devices in by_process.values()):
+    raise ValueError(
+      f'num_replicas={num_replicas} needs {per_process} devices on each of the {num_processes} '
+      f'processes; they have {[len(d) for _, d in sorted(by_process.items())]}.'
+    )
+  job_devices = [d for _, devices in sorted(by_process.items()) for d in devices[:per_process]]
+  return ReplicaMeshes(local, make_mesh(num_replicas, job_devices))
+
+
+def to_job(tree_L: PyTree, meshes: ReplicaMeshes) -> PyTree:
+  """This process's replicas [L, ...] as its part of the job-wide [R, ...] arrays (the same device buffers)."""
+  if meshes.job is meshes.local:
+    return tree_L
+  return _reassemble(tree_L, meshes.job)
+
+
+def to_local(tree_R: PyTree, meshes: ReplicaMeshes) -> PyTree:
+  """The job-wide [R, ...] arrays cut down to this process's replicas [L, ...] (the same device buffers)."""
+  if meshes.job is meshes.local:
+    return tree_R
+  return _reassemble(tree_R, meshes.local)
+
+
+def _reassemble(tree: PyTree, mesh: Mesh) -> PyTree:
+  sharding, num_replicas = replica_sharding(mesh), mesh.shape[REPLICA_AXIS]
+
+  def one(x):
+    shards = [shard.data for shard in x.addressable_shards]
+    return jax.make_array_from_single_device_arrays((num_replicas, *x.shape[1:]), sharding, shards)
+
+  return jax.tree.map(one, tree)
+
+
+def replica_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading axis split over replicas, the rest whole on each device."""
+  return NamedSharding(mesh, P(REPLICA_AXIS))
+
+
+def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
+  """R identical copies of `tree` stacked on a new leading axis, each built on its own device."""
+  num_replicas = mesh.shape[REPLICA_AXIS]
+  stack = lambda t: jax.tree.map(lambda x: jnp.broadcast_to(x, (num_replicas, *jnp.shape(x))), t)
+  return jax.jit(stack, out_shardings=replica_sharding(mesh))(tree)
+
+
+def shard(tree_R: PyTree, mesh: Mesh) -> PyTree:
+  """Places host arrays with a leading replica axis onto the mesh, one slice per device."""
+  return jax.device_put(tree_R, replica_sharding(mesh))
+
+
+def make_replicated_step(
+  step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], mesh: Mesh
+) -> Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]:
+  """jit(shard_map(step_fn)) over the replica axis; the state argument is donated (updated in place)."""
+
+  def per_device(state_1, batch_1):
+    state, metrics = step_fn(squeeze(state_1), squeeze(batch_1))
+    return unsqueeze(state), unsqueeze(metrics)
+
+  spec = P(REPLICA_AXIS)
+  sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec))
+  return jax.jit(sharded, donate_argnums=0)
+
+
+@jax.jit
+def replica_mean(params_R: PyTree) -> PyTree:
+  """The average of the replicas, one tree without the leading axis."""
+  return jax.tree.map(lambda x: jnp.mean(x, axis=0), params_R)
+
+
+class CollectiveThreadError(RuntimeError):
+  """A job-wide collective called from a thread other than the one that reserved them."""
+
+
+_collective_thread: threading.Thread | None = None
+
+
+def reserve_collectives(thread: threading.Thread | None) -> None:
+  """From now on only `thread` may issue job-wide collectives (None: any thread, one at a time, as before)."""
+  global _collective_thread
+  _collective_thread = thread
+
+
+def check_collective_thread(what: str) -> None:
+  """Raises CollectiveThreadError if another thread than the calling one has reserved the job's collectives."""
+  owner = _collective_thread
+  if owner is not None and owner.is_alive() and owner is not threading.current_thread():
+    raise CollectiveThreadError(
+      f'{what} is a job-wide collective, called from thread {threading.current_thread().name!r} while thread '
+      f'{owner.name!r} owns them: across processes two threads issuing collectives mismatch their partners.'
+    )
+
+
+def job_mean(params_L: PyTree, meshes: ReplicaMeshes) -> PyTree:
+  """The average of all the job's replicas, one tree without the leading axis, whole on every device of the job
+  (a collective across processes: call it from one thread per process, in the same order everywhere)."""
+  return whole_on_job(replica_mean, meshes)(to_job(params_L, meshes))
+
+
+def whole_on_job(fn: Callable[..., PyTree], meshes: ReplicaMeshes) -> Callable[..., PyTree]:
+  """`fn` jitted so that its results are whole on every device of the job (readable with `fetch` everywhere); a
+  job-wide collective (see `reserve_collectives`)."""
+  jitted = _whole_on(fn, meshes.job)
+
+  def call(*args):
+    check_collective_thread(getattr(fn, '__name__', 'a job-wide function'))
+    return jitted(*args)
+
+  return call
+
+
+@functools.cache
+def _whole_on(fn: Callable[..., PyTree], mesh: Mesh) -> Callable[..., PyTree]:
+  return jax.jit(fn, out_shardings=NamedSharding(mesh, P()))
+
+
+def fetch(tree: PyTree) -> PyTree:
+  """A tree of arrays whole on every device (e.g. a consensus computed on the job mesh) as host numpy arrays,
+  read from this process's own copy."""
+  return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)) if x.is_fully_replicated else np.asarray(x), tree)
+
+
+def host_mean(values_L: jax.Array) -> float:
+  """The mean of a per-replica value of this process's replicas (a step's losses), computed on the host.
+
+  `np.mean(values_L)` would call `values_L.mean()`: a jitted program with an all-reduce over the replica devices,
+  one more cross-replica collective on the training thread every step.
+  """
+  return float(np.asarray(values_L).mean())
+
+
+def gather_from_processes(value: float | int) -> list:
+  """[value of process 0, value of process 1, ...] on every process."""
+  check_collective_thread('gathering from the processes')
+  if jax.process_count() == 1:
+    return [value]
+  return list(multihost_utils.process_allgather(np.asarray(value)))
+
+
+def fingerprint(params: Any) -> np.uint32:
+  """32 bits of a hash of the model's bytes: equal on two processes when they hold the same model (and different,
+  but for a 2^-32 chance, when they do not)."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree.leaves(params):
+    digest.update(np.ascontiguousarray(leaf).tobytes())
+  return np.uint32(int.from_bytes(digest.digest()[:4], 'little'))  # 32 bits: JAX gathers without 64-bit types.
+
+
+def fingerprints_per_process(params: Any) -> list[str]:
+  """Every process's `fingerprint` of its `params`, in hex (a collective): all equal when they hold one model."""
+  return [f'{int(x):08x}' for x in gather_from_processes(fingerprint(params))]
+
+
+def unstack(tree_R: PyTree) -> list[PyTree]:
+  """The R replicas of a stacked tree, one tree each."""
+  num_replicas = jax.tree.leaves(tree_R)[0].shape[0]
+  return [jax.tree.map(lambda x, r=r: x[r], tree_R) for r in range(num_replicas)]
+
+
+def squeeze(tree_1: PyTree) -> PyTree:
+  """Inside shard_map: a device's slice [1, ...] of a replica-stacked tree as the plain one-replica tree."""
+  return jax.tree.map(lambda x: x[0], tree_1)
+
+
+def unsqueeze(tree: PyTree) -> PyTree:
+  """Inside shard_map: a one-replica tree back as its [1, ...] slice of the stacked tree."""
+  return jax.tree.map(lambda x: x[None], tree)
+
+
+@jax.jit
+def replica_divergence(params_R: PyTree) -> jax.Array:
+  """Mean over replicas of the L2 distance of each replica's params to the replica mean (DESIGN §6)."""
+  squared_R = sum(
+    jnp.sum(jnp.square(x - jnp.mean(x, axis=0, keepdims=True)).reshape(x.shape[0], -1), axis=1)
+    for x in jax.tree.leaves(params_R)
+  )
+  return jnp.mean(jnp.sqrt(squared_R))

@@ -1,0 +1,506 @@
+"""Emulated failures and the recovery from them, at the training loop's step boundaries (DESIGN §7, CPR).
+
+  recovery = recovery_lib.make(config, checkpointer, meshes, workdir, total_steps)
+  recovery.start(start_step, state_L, sync_state_R)       # the initial checkpoint the first failures reload
+  for batch in ...:
+    state_L, _ = train_step(state_L, batch_L)
+    step += 1
+    state_L = driver.after_step(step, state_L)
+    state_L, driver, rewind_to = recovery.after_step(step, state_L, driver, batch)
+    if rewind_to is not None:                              # full recovery: the data goes back to the checkpoint
+      step, batches = rewind_to, batches_from(rewind_to)
+  recovery.close()
+  recovery.summary()    # recovery_overhead_pct, num_failures, estimated_pls, actual_pls, checkpoint_interval_steps
+
+Failures strike on the clock of `failures.FailureSchedule` (training steps executed, re-trained ones included):
+each takes down one replica or one embedding shard (rows of every table, `failures.embedding_shard_rows`), and
+the loop handles it at the boundary of the step it struck, before a checkpoint due there. Recovery modes
+(`recovery.mode`), after Maeng et al., "CPR: Understanding and Improving Failure Tolerant Training for Deep
+Learning Recommendation with Partial Recovery" (MLSys 2021, arXiv:2011.02999):
+- `full`: the whole train state and sync state reload the newest checkpoint, the data position rewinds to it and
+  the lost steps are trained again. Checkpoints every Young's interval, sqrt(2 save cost MTBF).
+- `partial`: only the failed part reloads, through orbax's partial restore (`Checkpointer.restore_partial`): a
+  replica's train state, or a shard's rows of the tables and of their row-wise Adagrad accumulators in every
+  replica. The rest trains on; the data does not rewind; the failed part's updates since the checkpoint are lost.
+  Checkpoints every longest interval whose expected portion of lost samples (PLS) stays under
+  `recovery.target_pls` (`intervals.partial_recovery_interval`).
+- `cpr_mfu`, `cpr_ssu`: `partial`, and the most used rows are also saved several times per interval
+  (`priority_rows`), counted exactly (MFU) or from a sub-sample of the lookups (SSU); a failed row in the newest
+  such save comes back from it.
+The sync state (EA center, BMUF global model) is the same on every replica and lives with the sync service, not
+with a shard: partial recovery leaves it as it is, which is what copying it from a live replica gives. A replica
+keeps its step counter (the data position, which does not rewind); with shared tables (one table updated by all
+replicas, an embedding parameter server) a replica failure loses its MLP only. Under a shadow driver the failed
+part changes at a step boundary in the training thread, as a merge does; a round in flight then merges
+`w += s' - s` into the restored params. Full recovery restarts the sync driver from the checkpoint's sync state.
+
+Overhead (DESIGN §7), measured in the training thread: time blocked on saves (the initial one included), steps
+trained again, restores (waiting for a save in flight, reading, placing, restarting the sync driver), and handing
+batches to the MFU/SSU lookup counter (which counts in a thread of its own, as an embedding server would); as a
+percentage of the failure-free steps' time (steps trained for the first time, the compiled first one excluded).
+Work in other threads (orbax's writes, counting, priority writes) is not blocking, but it shares the cores: it
+shows in the step times and the wall time. The readers and restore programs are warmed up in `start`. Costs are
+measured unless `recovery.save_cost_steps` / `restore_cost_steps` emulate a larger system: then a save or restore
+holds the loop (sleeps) until it has taken that many mean step times, scaled by the bytes it moves for priority
+saves and partial restores. A resumed run starts its clock and its accounts afresh at the resumed step.
+"""
+
+import dataclasses
+import math
+import pathlib
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.parallel import replicas
+from shadowsync_jax.recovery import checkpointing
+from shadowsync_jax.recovery import failures
+from shadowsync_jax.recovery import intervals
+from shadowsync_jax.recovery import modes
+from shadowsync_jax.recovery import priority_rows
+from shadowsync_jax.recovery import restore
+from shadowsync_jax.recovery import row_usage
+from shadowsync_jax.sync import drivers as sync_drivers
+from shadowsync_jax.sync import foreground
+
+PyTree = Any
+CALIBRATION_STEPS = 20  # Failure-free steps timed before a measured save cost picks the full-recovery interval.
+
+
+@dataclasses.dataclass
+class Account:
+  """Where the training thread's time went, in seconds."""
+
+  step_s: float = 0.0  # Steps trained for the first time (the failure-free work), the compiled first one excluded.
+  steps: int = 0
+  retrained_s: float = 0.0  # Steps trained again after a full recovery's rewind.
+  retrained_steps: int = 0
+  saves_s: float = 0.0  # Blocked on full checkpoints.
+  priority_saves_s: float = 0.0  # Blocked on CPR's priority saves.
+  restore_s: float = 0.0
+  counting_s: float = 0.0  # Blocked handing batches to the MFU/SSU lookup counter.
+
+  def mean_step_s(self) -> float | None:
+    return self.step_s / self.steps if self.steps else None
+
+  def overhead_s(self) -> float:
+    return self.saves_s + self.priority_saves_s + self.retrained_s + self.restore_s + self.counting_s
+
+
+class NoFailures:
+  """`recovery.mode='none'`: nothing fails; checkpoints follow `train.checkpoint_every_steps`."""
+
+  mode = 'none'
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self._every = config.train.checkpoint_every_steps
+
+  def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
+    pass
+
+  def after_step(self, step: int, state_L: Any, driver: Any, batch: Batch) -> tuple[Any, Any, None]:
+    return state_L, driver, None
+
+  def close(self) -> None:
+    pass
+
+  def summary(self) -> dict[str, Any]:
+    return {
+      'recovery_mode': 'none',
+      'num_failures': 0,
+      'recovery_overhead_pct': None,
+      'estimated_pls': None,
+      'actual_pls': None,
+      'checkpoint_interval_steps': self._every or None,
+    }
+
+
+def make(
+  config: ml_collections.ConfigDict,
+  checkpointer: checkpointing.Checkpointer,
+  meshes: replicas.ReplicaMeshes,
+  workdir: str | pathlib.Path,
+  total_steps: int,
+) -> 'NoFailures | Recovery':
+  """The recovery of `config.recovery.mode`."""
+  if config.recovery.mode == 'none':
+    return NoFailures(config)
+  return Recovery(config, checkpointer, meshes, workdir, total_steps)
+
+
+class Recovery:
+  """Failures on a seeded schedule and their recovery (`full`, `partial`, `cpr_mfu`, `cpr_ssu`) in one process."""
+
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    checkpointer: checkpointing.Checkpointer,
+    meshes: replicas.ReplicaMeshes,
+    workdir: str | pathlib.Path,
+    total_steps: int,
+    schedule: failures.FailureSchedule | None = None,
+  ):
+    recovery = config.recovery
+    if meshes.job is not meshes.local:
+      raise ValueError(f'recovery.mode={recovery.mode!r} runs in one process only.')
+    self.mode = recovery.mode
+    self._config, self._checkpointer, self._meshes = config, checkpointer, meshes
+    self._total_steps = total_steps
+    self._mtbf = recovery.mtbf_steps
+    self._num_shards = recovery.num_embedding_shards
+    self._num_parts = config.num_replicas if recovery.failure_target == 'replica' else self._num_shards
+    self._schedule = schedule or failures.FailureSchedule(
+      config.seed, self._mtbf, recovery.failure_target, config.num_replicas, self._num_shards
+    )
+    self._shared_tables = config.sync.embedding_placement == 'shared'
+    self._cardinalities = [int(c) for c in config.data.cardinalities]
+    self._emulated_save = recovery.save_cost_steps if recovery.save_cost_steps > 0 else None
+    self._emulated_restore = recovery.restore_cost_steps if recovery.restore_cost_steps > 0 else None
+    self._partial = self.mode in modes.PARTIAL_MODES
+    self._interval = recovery.checkpoint_every_steps or None
+    if self._interval is None and self._partial:
+      self._interval = intervals.partial_recovery_interval(
+        recovery.target_pls, self._mtbf, self._num_parts, total_steps
+      )
+    elif self._interval is None and self._emulated_save is not None:
+      self._interval = intervals.young_interval_steps(self._emulated_save, self._mtbf, total_steps)
+    self._saver = None
+    if self.mode in ('cpr_mfu', 'cpr_ssu'):
+      self._saver = priority_rows.PrioritySaver(
+        pathlib.Path(workdir) / 'priority_rows',
+        self._cardinalities,
+        recovery.priority_fraction,
+        sample_rate=recovery.ssu_sample_rate if self.mode == 'cpr_ssu' else None,
+        seed=config.seed,
+      )
+    self._priority_every = recovery.priority_every_steps or None
+    self._ledger = row_usage.LostLookups(config.num_replicas, self._cardinalities) if self._partial else None
+    self.account = Account()
+    self.failure_log: list[dict[str, Any]] = []
+    self._failures: list[failures.Failure] = []
+    self.checkpoint_steps: list[int] = []
+    self.priority_steps: list[int] = []
+    self._save_blocks_s: list[float] = []
+    self._executed = self._high_water = 0
+    self._last_mark: float | None = None
+    self._timed_first_step = False
+    self._abstract: PyTree = None  # Of the training tree, set by `start`.
+    self._checkpoint_bytes = 0
+    self._sync_restarts: list[dict[str, Any]] = []
+    self._write_steps: float | None = None  # How long a full save takes to be written, measured by `_calibrate`.
+
+  def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
+    """Before the first step: the clock starts at `step`; a fresh run saves its initial state to recover from."""
+    tree = checkpointing.training_tree(state_L, sync_state_R)
+    self._abstract = checkpointing.abstract_like(tree)
+    self._checkpoint_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(self._abstract))
+    self._executed = self._high_water = step
+    if self._checkpointer.latest_step() != step:
+      started = time.perf_counter()
+      self._checkpointer.save(step, tree)
+      self.account.saves_s += time.perf_counter() - started
+    self.checkpoint_steps.append(step)
+    self._warm_up(step, state_L)
+    self._last_mark = time.perf_counter()
+
+  def after_step(self, step: int, state_L: Any, driver: Any, batch: Batch) -> tuple[Any, Any, int | None]:
+    """At the boundary after data step `step`: failures that struck it, then a checkpoint due here.
+
+    Returns (state, sync driver, None) or, after a full recovery, (restored state, restarted driver, the step of
+    the checkpoint the data must restart from).
+    """
+    self._time_step(step, time.perf_counter() - self._last_mark)
+    self._executed += 1
+    if self._saver is not None:
+      started = time.perf_counter()
+      self._saver.count(batch.sparse)
+      self.account.counting_s += time.perf_counter() - started
+    if self._ledger is not None:  # Instrumentation (lost lookups), outside every account.
+      self._ledger.count(batch.sparse)
+    rewind_to = None
+    struck = self._schedule.failures_at(self._executed)
+    if struck and self.mode == 'full':
+      state_L, driver, rewind_to = self._recover_fully(struck, step, driver)
+    elif struck:
+      for failure in struck:
+        state_L = self._recover_partially(failure, step, state_L)
+    if rewind_to is None:
+      self._save_if_due(step, state_L, driver)
+    self._last_mark = time.perf_counter()
+    return state_L, driver, rewind_to
+
+  def close(self) -> None:
+    if self._saver is not None:
+      self._saver.close()
+
+  def summary(self) -> dict[str, Any]:
+    """What summary.json gains (`recovery_overhead_pct`, `num_failures`, `estimated_pls`, ...) and the details."""
+    account, mean_step_s = self.account, self.account.mean_step_s()
+    estimated_pls = actual_pls = 0.0  # Full recovery loses no samples: it trains them again.
+    if self._partial:
+      estimated_pls = intervals.expected_pls(self._interval, self._mtbf, self._num_parts, self._total_steps)
+      actual_pls = intervals.measured_pls(
+        intervals.lost_steps(self._failures, self.checkpoint_steps), self._num_parts, self._total_steps
+      )
+    save_cost_steps = self._save_cost_steps()
+    restores_s = [f['restore_s'] for f in self.failure_log]
+    details = {
+      'failure_target': self._config.recovery.failure_target,
+      'mtbf_steps': self._mtbf,
+      'num_parts': self._num_parts,
+      'failures': self.failure_log,
+      'save_cost_steps': save_cost_steps,
+      'save_cost': 'emulated' if self._emulated_save else 'measured',
+      'restore_cost': 'emulated' if self._emulated_restore else 'measured',
+      'mean_save_block_s': float(np.mean(self._save_blocks_s)) if self._save_blocks_s else None,
+      'save_write_steps': self._write_steps,
+      'mean_restore_s': float(np.mean(restores_s)) if restores_s else None,
+      'mean_step_s': mean_step_s,
+      'checkpoint_steps': self.checkpoint_steps,
+      'num_checkpoints': len(self.checkpoint_steps),
+      'priority_interval_steps': self._priority_interval(),
+      'num_priority_saves': len(self.priority_steps),
+      'lost_lookup_fraction': self._ledger.lost_fraction() if self._ledger else 0.0,
+      'failure_free_s': account.step_s,
+      'failure_free_steps': account.steps,
+      'blocked_on_saves_s': account.saves_s,
+      'blocked_on_priority_saves_s': account.priority_saves_s,
+      'retrained_s': account.retrained_s,
+      'retrained_steps': account.retrained_steps,
+      'restore_s': account.restore_s,
+      'row_counting_s': account.counting_s,
+      'sync_driver_restarts': len(self._sync_restarts),
+    }
+    if self.mode == 'full' and self._interval and save_cost_steps is not None and mean_step_s:
+      restore_steps = self._emulated_restore or (np.mean(restores_s) / mean_step_s if restores_s else 0.0)
+      details['expected_overhead_pct'] = 100 * intervals.expected_full_recovery_overhead(
+        self._interval, save_cost_steps, float(restore_steps), self._mtbf, self._total_steps
+      )
+    return {
+      'recovery_mode': self.mode,
+      'num_failures': len(self._failures),
+      'recovery_overhead_pct': 100 * account.overhead_s() / account.step_s if account.step_s else None,
+      'estimated_pls': estimated_pls,
+      'actual_pls': actual_pls,
+      'checkpoint_interval_steps': self._interval,
+      'recovery': details,
+    }
+
+  def _time_step(self, step: int, seconds: float) -> None:
+    if not self._timed_first_step:  # It compiled.
+      self._timed_first_step = True
+    elif step <= self._high_water:
+      self.account.retrained_s += seconds
+      self.account.retrained_steps += 1
+    else:
+      self.account.step_s += seconds
+      self.account.steps += 1
+    self._high_water = max(self._high_water, step)
+
+  # Saves.
+
+  def _save_if_due(self, step: int, state_L: Any, driver: Any) -> None:
+    if self._interval is None and self.account.steps >= CALIBRATION_STEPS:
+      self._calibrate(step, state_L, driver)
+    elif self._interval and step % self._interval == 0:
+      self._save(step, state_L, driver)
+    elif self._saver is not None and step % self._priority_interval() == 0:
+      self._save_priority(step, state_L)
+
+  def _calibrate(self, step: int, state_L: Any, driver: Any) -> None:
+    """Full recovery with a measured save cost: Young's interval from the time a save blocks the loop, but no
+    shorter than the save takes to be written (or each save would wait for the previous one). Measured on a save
+    with no write in flight; the waits around it serve the measurement only and are kept out of the accounts."""
+    self._checkpointer.wait()
+    started = time.perf_counter()
+    self._save(step, state_L, driver)
+    self._checkpointer.wait()
+    self._write_steps = (time.perf_counter() - started) / self.account.mean_step_s()
+    self._interval = max(
+      math.ceil(self._write_steps),
+      intervals.young_interval_steps(self._save_cost_steps(), self._mtbf, self._total_steps),
+    )
+
+  def _save(self, step: int, state_L: Any, driver: Any) -> None:
+    started = time.perf_counter()
+    self._checkpointer.save(step, checkpointing.training_tree(state_L, driver.sync_state()))
+    self._save_blocks_s.append(time.perf_counter() - started)
+    self._hold(self._emulated_save, started)
+    self.account.saves_s += time.perf_counter() - started
+    self.checkpoint_steps.append(step)
+    if self._ledger is not None:
+      self._ledger.full_saved()
+
+  def _save_priority(self, step: int, state_L: Any) -> None:
+    started = time.perf_counter()
+    rows_K = self._saver.save(step, restore.row_leaves(state_L))
+    if self._emulated_save:
+      self._hold(self._emulated_save * self._row_bytes(len(rows_K)) / self._checkpoint_bytes, started)
+    self.account.priority_saves_s += time.perf_counter() - started
+    self.priority_steps.append(step)
+    self._ledger.priority_saved(rows_K)
+
+  def _save_cost_steps(self) -> float | None:
+    if self._emulated_save:
+      return self._emulated_save
+    mean_step_s = self.account.mean_step_s()
+    if not self._save_blocks_s or not mean_step_s:
+      return None
+    return float(np.mean(self._save_blocks_s)) / mean_step_s
+
+  def _priority_interval(self) -> int | None:
+    if self._saver is None:
+      return None
+    return self._priority_every or max(1, self._interval // 4)
+
+  # Recovery.
+
+  def _recover_fully(self, struck: list[failures.Failure], step: int, driver: Any) -> tuple[Any, Any, int]:
+    """Everything reloads the newest checkpoint (one restore however many parts failed)."""
+    started = time.perf_counter()
+    tree, restored_step = self._checkpointer.restore_latest(self._abstract)
+    state_L, sync_state_R = tree['train'], tree.get('sync')
+    driver = self._restart_sync(driver, state_L, sync_state_R)
+    self._hold(self._emulated_restore, started)
+    seconds = time.perf_counter() - started
+    self.account.restore_s += seconds
+    for failure in struck:
+      self._log(failure, step, restored_step, seconds, retrained_steps=step - restored_step)
+    return state_L, driver, restored_step
+
+  def _restart_sync(self, driver: Any, state_L: Any, sync_state_R: PyTree) -> Any:
+    """The sync driver from the checkpoint's sync state: a shadow thread (and its round in flight and its own
+    copy of the sync state) belongs to the lost run, so a new driver takes over; statistics add up."""
+    driver.finish(state_L, abandon=True)
+    if isinstance(driver, (foreground.NoSync, foreground.ForegroundSync)):
+      driver.start(state_L, sync_state_R)
+      return driver
+    restarted = sync_drivers.RestartedSync(sync_drivers.make_driver(self._config, self._meshes), driver)
+    restarted.start(state_L, sync_state_R)
+    self._sync_restarts.append({'step': self._executed})
+    return restarted
+
+  def _recover_partially(self, failure: failures.Failure, step: int, state_L: Any) -> Any:
+    """Only the failed part reloads the newest checkpoint (and, CPR, the newest priority save after it)."""
+    started = time.perf_counter()
+    self._checkpointer.wait()
+    checkpoint = self._checkpointer.latest_step()
+    priority = self._saver.latest() if self._saver is not None else None
+    if priority is not None and priority[0] <= checkpoint:
+      priority = None  # Older than the full checkpoint: nothing newer in it.
+    failed_RxV = np.zeros((self._config.num_replicas, sum(self._cardinalities)), bool)
+    if failure.kind == 'embedding_shard':
+      failed_RxV[:, failures.embedding_shard_rows(self._cardinalities, self._num_shards, failure.index)] = True
+    else:
+      failed_RxV[failure.index] = not self._shared_tables  # Shared tables live on: they lose nothing.
+    state_L = self._reload(state_L, failure, checkpoint, failed_RxV, priority)
+    jax.block_until_ready(state_L)
+    if self._emulated_restore:
+      fraction = (
+        1 / self._config.num_replicas
+        if failure.kind == 'replica'
+        else self._row_bytes(int(failed_RxV[0].sum())) / self._checkpoint_bytes
+      )
+      self._hold(self._emulated_restore * fraction, started)
+    seconds = time.perf_counter() - started
+    self.account.restore_s += seconds
+    failed_replicas, failed_rows = np.flatnonzero(failed_RxV.any(axis=1)), np.flatnonzero(failed_RxV.any(axis=0))
+    lost_lookups = self._ledger.fail(failed_replicas, failed_rows)
+    self._log(
+      failure, step, checkpoint, seconds, priority_from=priority[0] if priority else None, lost_lookups=lost_lookups
+    )
+    return state_L
+
+  def _reload(
+    self,
+    state_L: Any,
+    failure: failures.Failure,
+    checkpoint: int,
+    failed_RxV: np.ndarray,
+    priority: tuple[int, np.ndarray, dict[str, np.ndarray]] | None,
+  ) -> Any:
+    """The failed part's leaves read from the checkpoint through orbax's partial restore: a replica's slice of
+    its train state, or the failed (replica, row) entries of the tables and accumulators; then the failed rows of
+    the priority save."""
+    if failure.kind == 'embedding_shard':
+      restored = self._checkpointer.restore_partial(
+        checkpoint, self._keep(lambda p: p in (restore.TABLE_PATH, restore.ACCUMULATOR_PATH))
+      )
+    else:
+      restored = self._checkpointer.restore_partial(checkpoint, self._keep(self._replica_leaf))
+      state_L = restore.with_replica(state_L, restored['train'], failure.index)
+    if not failed_RxV.any():
+      return state_L
+    live = restore.row_leaves(state_L)
+    if priority is None:
+      priority_K, priority_values = np.zeros(0, np.int32), jax.tree.map(lambda x: x[:, :0], live)
+    else:
+      _, priority_K, priority_values = priority
+    recovered = restore.recover_rows(
+      live,
+      jnp.asarray(failed_RxV),
+      restore.row_leaves(restored['train']),
+      jnp.asarray(priority_K),
+      priority_values,
+      jnp.asarray(failed_RxV[:, priority_K]),
+    )
+    return restore.with_row_leaves(state_L, restore.placed_like(recovered, live))
+
+  def _warm_up(self, step: int, state_L: Any) -> None:
+    """Opens the checkpoint readers and compiles the restore programs before the clock starts, as the train step
+    is compiled before timing starts: a restore then costs what it costs in a running system."""
+    if self.mode == 'full':
+      self._checkpointer.restore_latest(self._abstract)
+      return
+    failure = failures.Failure(step, self._config.recovery.failure_target, 0)
+    rows_lost = not (failure.kind == 'replica' and self._shared_tables)  # Whether a failure reloads table rows.
+    failed_RxV = np.full((self._config.num_replicas, sum(self._cardinalities)), rows_lost)
+    self._reload(state_L, failure, step, failed_RxV, None)
+    if self._saver is not None:
+      rows_K = np.zeros(self._saver.rows_per_save, np.int32)
+      values = {
+        name: np.zeros((x.shape[0], len(rows_K), *x.shape[2:]), x.dtype)
+        for name, x in restore.row_leaves(state_L).items()
+      }
+      self._reload(state_L, failure, step, failed_RxV, (step, rows_K, values))
+
+  def _replica_leaf(self, path: str) -> bool:
+    """What a failed replica reloads: its whole train state but the step counter and the gather scratch, and with
+    shared tables its MLP only (the table lives on, like a parameter server)."""
+    if not path.startswith("['train']") or path == "['train'].step" or 'owner_scratch' in path:
+      return False
+    return not (
+      self._shared_tables and (path == restore.TABLE_PATH or path.startswith("['train'].embedding_opt_state"))
+    )
+
+  def _keep(self, keep) -> PyTree:
+    return checkpointing.keep_leaves(self._abstract, keep)
+
+  def _log(self, failure: failures.Failure, position: int, restored_from: int, restore_s: float, **more: Any) -> None:
+    self._failures.append(failure)
+    self.failure_log.append(
+      {**failure.to_dict(), 'position': position, 'restored_from': restored_from, 'restore_s': restore_s, **more}
+    )
+    print(f'Failure at {failure}; restored from the checkpoint at step {restored_from} ({self.mode} recovery).')
+
+  # Costs.
+
+  def _hold(self, cost_steps: float | None, started: float) -> None:
+    """Emulation: sleeps until `cost_steps` mean step times have passed since `started` (once steps were timed)."""
+    mean_step_s = self.account.mean_step_s()
+    if cost_steps and mean_step_s:
+      time.sleep(max(0.0, cost_steps * mean_step_s - (time.perf_counter() - started)))
+
+  def _row_bytes(self, num_rows: int) -> float:
+    """Bytes of `num_rows` rows of the tables and accumulators of every replica."""
+    rows = [
+      x
+      for path, x in jax.tree_util.tree_flatten_with_path(self._abstract)[0]
+      if jax.tree_util.keystr(path) in (restore.TABLE_PATH, restore.ACCUMULATOR_PATH)
+    ]
+    return sum(math.prod(x.shape) * x.dtype.itemsize / x.shape[1] for x in rows) * num_rows

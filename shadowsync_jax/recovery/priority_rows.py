@@ -1,0 +1,203 @@
+"""CPR-MFU and CPR-SSU: count embedding row lookups and save the most used rows more often than full checkpoints.
+
+  saver = priority_rows.PrioritySaver(workdir / 'priority_rows', cardinalities, fraction=0.1,
+                                      sample_rate=None, seed=0)    # None: MFU (exact counts); 0.05: SSU
+  saver.count(batch.sparse)                    # every step: per-table ids [..., T] of the batch (counted async)
+  saver.save(step, rows)                       # every few steps: rows {'table': [R, V, D], ...} -> top rows, async
+  saved = saver.latest()                       # (step, rows_K, {'table': [R, K, D], ...}) of the newest save
+  saver.close()
+
+Maeng et al., "CPR: Understanding and Improving Failure Tolerant Training for Deep Learning Recommendation with
+Partial Recovery" (MLSys 2021, arXiv:2011.02999): under partial recovery a failed embedding shard loses the
+updates its rows took since the last checkpoint, and the most used rows took most of them, so saving those rows
+more often recovers most of the lost updates for a fraction of the bytes. MFU ranks rows by exact lookup counts;
+SSU counts a random sub-sample of the lookups (`row_usage.count_sampled_lookups`), cheaper per step.
+
+Two background threads do the work, as the embedding servers would beside serving lookups: one counts (the loop
+hands it the ids of 16 batches at a time: each hand-over wakes the thread, whose numpy work holds the GIL, so
+fewer hand-overs disturb the training thread less), one writes. A save takes the rows ranked (`row_usage.top_rows`,
+padded with unused rows to a fixed K = floor(fraction * V), so every save has the same shapes) on the counts as
+of the previous save, which the counter ranked in the meantime, so that no save waits for counting and the rows
+do not depend on thread timing; the first save waits for the counts and ranks them. It gathers the rows on the
+device (dispatched, not waited for: a copy, so the next step may donate the table) and hands them to the writer,
+which copies them to the host and writes `DIR/<step>.npz` (a temporary file renamed when complete: a process
+killed mid-write leaves the previous save). The training thread is blocked only for hand-overs, and while a
+thread is behind. Not orbax: its CheckpointManager is not safe to drive
+from a second thread while the training thread saves (concurrent saves were seen to time out on its process-wide
+signalling), and its per-save bookkeeping blocks the caller 15-60 ms here, more than writing a few thousand rows.
+An error in a thread is raised by the next call. The directory is emptied when a saver is made: saves of an
+earlier process may be newer than the checkpoint a resumed run restarts from.
+"""
+
+from collections.abc import Callable, Sequence
+from concurrent import futures
+import os
+import pathlib
+import queue
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+
+from shadowsync_jax.model import embedding
+from shadowsync_jax.recovery import row_usage
+
+PyTree = Any
+_BATCHES_PER_HAND_OVER = 16
+
+
+def fixed_size_top_rows(counts_V: np.ndarray, num_rows: int) -> np.ndarray:
+  """The `num_rows` most counted rows, ascending: `row_usage.top_rows`, then the lowest unused ids to fill up."""
+  counts_V = np.asarray(counts_V)
+  top = row_usage.top_rows(counts_V, min(1.0, (num_rows + 0.5) / counts_V.shape[0]))  # floor(): num_rows
+  if top.shape[0] < num_rows:
+    unused = np.setdiff1d(np.arange(counts_V.shape[0], dtype=np.int32), top, assume_unique=True)
+    top = np.sort(np.concatenate([top, unused[: num_rows - top.shape[0]]])).astype(np.int32)
+  return top
+
+
+class _Worker:
+  """One thread that handles the items put to it in order; its first error is raised by `put` and `join`."""
+
+  def __init__(self, name: str, handle: Callable[[Any], None], max_pending: int):
+    self._handle = handle
+    self._items: queue.Queue = queue.Queue(maxsize=max_pending)
+    self._error: BaseException | None = None
+    self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+    self._thread.start()
+
+  def put(self, item: Any) -> None:
+    self.raise_if_failed()
+    self._items.put(item)  # Waits while the thread is `max_pending` items behind.
+
+  def join(self) -> None:
+    """Returns when every item put so far is handled."""
+    self._items.join()
+    self.raise_if_failed()
+
+  def close(self) -> None:
+    self._items.put(None)
+    self._thread.join()
+    self.raise_if_failed()
+
+  def raise_if_failed(self) -> None:
+    if self._error is not None:
+      raise RuntimeError(f'The {self._thread.name} thread failed.') from self._error
+
+  def _run(self) -> None:
+    while True:
+      item = self._items.get()
+      try:
+        if item is None:
+          return
+        if self._error is not None:
+          raise self._error
+        self._handle(item)
+      except BaseException as error:  # pylint: disable=broad-except  (re-raised in the training thread)
+        self._error = self._error or error
+        if isinstance(item, futures.Future) and not item.done():  # Whoever waits on it learns of the error.
+          item.set_exception(self._error)
+      finally:
+        self._items.task_done()
+
+
+class PrioritySaver:
+  """Lookup counters of one process and async saves of its most used embedding rows."""
+
+  def __init__(
+    self,
+    directory: str | pathlib.Path,
+    cardinalities: Sequence[int],
+    fraction: float,
+    sample_rate: float | None,
+    seed: int,
+    max_to_keep: int = 2,
+  ):
+    self.num_rows = int(sum(cardinalities))
+    self.rows_per_save = int(fraction * self.num_rows)
+    if self.rows_per_save < 1:
+      raise ValueError(f'recovery.priority_fraction={fraction} of {self.num_rows} embedding rows is no row.')
+    self.counts_V = np.zeros(self.num_rows, np.int64)  # Written by the counting thread only.
+    self._offsets_T = embedding.table_offsets(cardinalities)
+    self._sample_rate = sample_rate
+    self._rng = np.random.default_rng([0x55_0C_0A7, seed])
+    self._directory = pathlib.Path(directory)
+    self._directory.mkdir(parents=True, exist_ok=True)
+    for stale in self._directory.glob('*.npz*'):
+      stale.unlink()
+    self._max_to_keep = max_to_keep
+    self._uncounted: list[np.ndarray] = []
+    self._ranked: futures.Future | None = None
+    self._counter = _Worker('lookup-counter', self._count, max_pending=4)
+    self._writer = _Worker('priority-rows-writer', self._write, max_pending=1)
+
+  def count(self, sparse_BxT: np.ndarray) -> None:
+    """Counts the lookups of a batch's per-table ids (any leading shape), in the background: all of them (MFU) or a
+    sample (SSU)."""
+    self._uncounted.append(sparse_BxT)
+    if len(self._uncounted) == _BATCHES_PER_HAND_OVER:
+      self._hand_over()
+
+  def save(self, step: int, rows: dict[str, jax.Array]) -> np.ndarray:
+    """Starts saving the top rows of `rows` (leaves [R, V, ...]), ranked on the counts of the previous save (on all
+    counts so far at the first save); returns their ids."""
+    self._hand_over()
+    if self._ranked is None:
+      self._counter.join()
+      rows_K = fixed_size_top_rows(self.counts_V, self.rows_per_save)
+    else:
+      rows_K = self._ranked.result()
+    self._ranked = futures.Future()  # The next save's rows: the counts up to here, ranked in the background.
+    self._counter.put(self._ranked)
+    self._writer.put((step, rows_K, row_usage.extract_rows(rows, rows_K, row_axis=1)))
+    return rows_K
+
+  def wait(self) -> None:
+    """Returns when every save handed over is on disk."""
+    self._writer.join()
+
+  def latest(self) -> tuple[int, np.ndarray, dict[str, np.ndarray]] | None:
+    """The newest complete save as (step, rows_K, {leaf: [R, K, ...]}), after waiting for pending ones; or None."""
+    self.wait()
+    steps = self._saved_steps()
+    if not steps:
+      return None
+    with np.load(self._directory / f'{steps[-1]}.npz') as saved:
+      values = {name: saved[name] for name in saved.files}
+    return steps[-1], values.pop('rows'), values
+
+  def close(self) -> None:
+    self._hand_over()
+    self._counter.close()
+    self._writer.close()
+
+  def _saved_steps(self) -> list[int]:
+    return sorted(int(path.name.removesuffix('.npz')) for path in self._directory.glob('*.npz'))
+
+  def _hand_over(self) -> None:
+    if self._uncounted:
+      self._counter.put(self._uncounted)
+      self._uncounted = []
+
+  def _count(self, batches: list[np.ndarray] | futures.Future) -> None:
+    if isinstance(batches, futures.Future):  # A request to rank the counts so far.
+      batches.set_result(fixed_size_top_rows(self.counts_V, self.rows_per_save))
+      return
+    row_ids = np.concatenate([np.asarray(ids).reshape(-1, ids.shape[-1]) for ids in batches]) + self._offsets_T
+    if self._sample_rate is None:
+      row_usage.count_lookups(self.counts_V, row_ids)
+    else:
+      row_usage.count_sampled_lookups(self.counts_V, row_ids, self._sample_rate, self._rng)
+
+  def _write(self, request: tuple[int, np.ndarray, dict[str, jax.Array]]) -> None:
+    step, rows_K, values = request
+    path = self._directory / f'{step}.npz'
+    temporary = path.with_suffix('.npz.tmp')
+    with open(temporary, 'wb') as file:
+      np.savez(file, rows=rows_K, **jax.device_get(values))
+      file.flush()
+      os.fsync(file.fileno())
+    os.replace(temporary, path)
+    for old in self._saved_steps()[: -self._max_to_keep]:
+      (self._directory / f'{old}.npz').unlink()

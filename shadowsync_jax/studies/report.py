@@ -1,0 +1,95 @@
+"""A study's result file: its title, the command that produced it, the table, and the raw summaries as JSON.
+
+  report.write('benchmarks/results/gba_study.md', 'GBA study', command, table, rows, root=workdir)
+
+Every study binary (`experiments.gba_study`, `experiments.recovery`, `benchmarks.*`) writes one, so that a table
+in the docs can be traced to the run and its raw figures. The configs are left out of the raw summaries (every run
+of a study shares one, given by the command).
+
+A docs page shows a result file's command, note and table between two markers, and `write` refreshes every such
+block under `docs/` when it writes the file, so the figures in the docs are the ones the study wrote:
+
+  <!-- results: benchmarks/results/gba_study.md -->
+  ...                               (written by `write`; `tests/test_docs.py` checks that it matches the file)
+  <!-- /results -->
+"""
+
+from collections.abc import Mapping, Sequence
+import json
+import pathlib
+import re
+import sys
+from typing import Any
+
+DOCS_DIR = pathlib.Path('docs')  # Relative to the repository root, where the study binaries run.
+_BLOCK = re.compile(r'(<!-- results: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /results -->)', re.S)
+
+
+def command_line() -> str:
+  """The command this process was started with, as `python -m module flags...`."""
+  module = pathlib.Path(sys.argv[0]).with_suffix('')
+  parts = module.parts[-2:] if module.parts[-2:-1] in (('experiments',), ('benchmarks',)) else module.parts[-1:]
+  return ' '.join(['python -m', '.'.join(parts), *sys.argv[1:]])
+
+
+def write(
+  out: str | pathlib.Path,
+  title: str,
+  command: str,
+  table: str,
+  rows: Sequence[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
+  note: str = '',
+  root: str | pathlib.Path | None = None,
+  docs_dir: str | pathlib.Path = DOCS_DIR,
+) -> pathlib.Path:
+  """Writes the markdown file `out` and returns its path; `rows` are summaries (a list, or a dict by label). The
+  docs pages under `docs_dir` that embed `out` are refreshed."""
+  strip = lambda summary: {k: v for k, v in summary.items() if k != 'config'}
+  raw = {k: strip(v) for k, v in rows.items()} if isinstance(rows, Mapping) else [strip(r) for r in rows]
+  parts = [
+    f'# {title}',
+    f'`{command}`',
+    *([note] if note else []),
+    table,
+    *([f'Runs in {root}.'] if root is not None else []),
+    f'<details><summary>raw summaries</summary>\n\n```json\n{json.dumps(raw, indent=1, default=str)}\n```\n</details>',
+  ]
+  out = pathlib.Path(out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text('\n\n'.join(parts) + '\n')
+  refresh_docs(docs_dir, only=out)
+  return out
+
+
+def shown_in_docs(result_text: str) -> str:
+  """What a docs page shows of a result file: everything between its title and the raw summaries (the command,
+  the note, the table), but where its runs were."""
+  body = result_text.split('\n\n', 1)[1].split('<details>', 1)[0]
+  kept = [part for part in body.split('\n\n') if part.strip() and not part.startswith('Runs in ')]
+  return '\n\n'.join(kept).strip() + '\n'
+
+
+def embedded_blocks(page: str) -> list[tuple[str, str]]:
+  """(result file path, the block's text) for every results block of a docs page."""
+  return [(match.group('path'), match.group('body')) for match in _BLOCK.finditer(page)]
+
+
+def refresh_docs(docs_dir: str | pathlib.Path = DOCS_DIR, only: str | pathlib.Path | None = None) -> list[pathlib.Path]:
+  """Rewrites the results blocks of the docs pages under `docs_dir` (those of `only`, if given) from their result
+  files, paths relative to the directory that holds `docs_dir`; returns the pages changed."""
+  docs_dir = pathlib.Path(docs_dir)
+  root, changed = docs_dir.parent, []
+  for page in sorted(docs_dir.rglob('*.md')) if docs_dir.is_dir() else []:
+    text = page.read_text()
+
+    def block(match: re.Match) -> str:
+      path = root / match.group('path')
+      if (only is not None and path.resolve() != pathlib.Path(only).resolve()) or not path.exists():
+        return match.group(0)
+      return match.group(1) + shown_in_docs(path.read_text()) + match.group(4)
+
+    new = _BLOCK.sub(block, text)
+    if new != text:
+      page.write_text(new)
+      changed.append(page)
+  return changed

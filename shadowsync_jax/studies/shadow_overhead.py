@@ -1,0 +1,151 @@
+"""What the shadow thread costs the trainers, measured in paired windows of one run.
+
+  result = shadow_overhead.measure(config, window_steps=200, pairs=8)   # config.sync.algorithm = 'shadow_*'
+  result['ratio_median']   # examples/sec with the thread running / without it, median over the pairs
+
+The sync study compares whole runs, and on a shared machine identical runs differ by 15-20% in examples/sec; a 5%
+cost disappears in that. Here one process trains `config` on its stream, and windows of `window_steps` steps
+alternate between the background thread running and not running (the order swapped every pair, so a steady drift
+of the machine cancels). A window without the thread is a `none` run: no round, no snapshot, no merge. A window
+with it pays the thread's start, its rounds, and the snapshot copies and merges on the training thread. The round
+in flight when a window ends is merged after that window's clock stops. Windows a few seconds apart share the
+machine's load, so their ratio is the thread's cost.
+"""
+
+from collections.abc import Sequence
+import math
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from shadowsync_jax import config as config_lib
+from shadowsync_jax import train
+from shadowsync_jax.data import input_pipeline
+from shadowsync_jax.parallel import replicas
+from shadowsync_jax.sync import drivers as sync_drivers
+
+_WARMUP_STEPS = 20  # Compiles the step before any window is timed (a driver compiles its round in `start`).
+
+
+def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) -> dict[str, Any]:
+  """Trains `config` (one process, a `shadow_*` algorithm) in `pairs` pairs of windows; returns their figures.
+
+  Keys: ratio_median, ratio_q25, ratio_q75 (examples/sec with / without the thread, per pair),
+  ratio_median_low, ratio_median_high, ratio_median_coverage (`median_interval` of the per-pair ratios),
+  examples_per_sec_without, examples_per_sec_with (medians over the windows), pairs, window_steps, and the
+  driver's sync_rounds, mean_sync_gap, max_sync_gap, mean_round_latency_s over the windows with the thread.
+  """
+  if config.sync.algorithm not in config_lib.SHADOW_ALGORITHMS:
+    raise ValueError(
+      f'sync.algorithm={config.sync.algorithm!r}: the overhead is that of a background thread, '
+      f'one of {", ".join(config_lib.SHADOW_ALGORITHMS)}.'
+    )
+  if jax.process_count() != 1:
+    raise ValueError('shadow_overhead.measure runs in one process.')
+  if window_steps < 1 or pairs < 1:
+    raise ValueError(f'window_steps={window_steps} and pairs={pairs} must be >= 1.')
+  config_lib.validate(config, num_devices=len(jax.devices()), num_processes=1)
+  num_replicas, batch_size = config.num_replicas, config.batch_size
+  needed_steps = steps_needed(window_steps, pairs)
+  available_steps = input_pipeline.num_steps(config.data.num_train_examples, num_replicas, batch_size)
+  if available_steps < needed_steps:
+    raise ValueError(
+      f'data.num_train_examples={config.data.num_train_examples} gives {available_steps} steps of '
+      f'{num_replicas} x {batch_size} examples; {pairs} pairs of {window_steps}-step windows need '
+      f'{needed_steps}.'
+    )
+
+  meshes = replicas.make_meshes(num_replicas)
+  train_step = train.make_train_step(config, meshes)
+  source, _ = input_pipeline.make_sources(config.data, config.seed)
+  loop = _Loop(
+    train.init_replicated_state(config, meshes.local),
+    train_step,
+    meshes,
+    input_pipeline.train_batches(
+      source, num_replicas, batch_size, config.data.num_train_examples, start_step=0, replicas=range(num_replicas)
+    ),
+    examples_per_step=num_replicas * batch_size,
+  )
+  driver = sync_drivers.make_driver(config, meshes)
+  driver.start(loop.state, driver.initial_sync_state(loop.state))
+  loop.run(_WARMUP_STEPS, driver)
+  loop.state = driver.finish(loop.state)
+  driver = sync_drivers.make_driver(config, meshes)  # Fresh round statistics for the timed windows.
+  sync_state = driver.initial_sync_state(loop.state)
+  rates = {False: [], True: []}
+  for pair in range(pairs):
+    for with_thread in (False, True) if pair % 2 == 0 else (True, False):
+      if with_thread:
+        driver.start(loop.state, sync_state)
+      rates[with_thread].append(loop.run(window_steps, driver if with_thread else None))
+      if with_thread:
+        loop.state = driver.finish(loop.state)
+        sync_state = driver.sync_state()
+  ratio = np.asarray(rates[True]) / np.asarray(rates[False])
+  low, high, coverage = median_interval(ratio)
+  return {
+    'ratio_median': float(np.median(ratio)),
+    'ratio_q25': float(np.quantile(ratio, 0.25)),
+    'ratio_q75': float(np.quantile(ratio, 0.75)),
+    'ratio_median_low': low,
+    'ratio_median_high': high,
+    'ratio_median_coverage': coverage,
+    'examples_per_sec_without': float(np.median(rates[False])),
+    'examples_per_sec_with': float(np.median(rates[True])),
+    'pairs': pairs,
+    'window_steps': window_steps,
+    **driver.stats(),
+  }
+
+
+def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+  """A distribution-free confidence interval of the median: `(low, high, coverage)`.
+
+  The order statistics x_(k) <= x_(n+1-k) of n independent samples hold the population median with probability
+  1 - 2 P(Binomial(n, 1/2) < k) (the sign test); k is the largest whose coverage is at least `level`, so
+  `coverage` is that probability. Fewer than 6 samples cannot reach 95%: then [min, max] and its coverage.
+  """
+  x = np.sort(np.asarray(values, np.float64))
+  n = len(x)
+  if n == 0:
+    raise ValueError('median_interval of no values.')
+
+  def coverage(k: int) -> float:  # P(x_(k) <= median <= x_(n+1-k))
+    return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0**n
+
+  k = 1
+  while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
+    k += 1
+  return float(x[k - 1]), float(x[n - k]), coverage(k)
+
+
+def steps_needed(window_steps: int, pairs: int) -> int:
+  """Training steps `measure` takes: a warm-up, then the windows."""
+  return _WARMUP_STEPS + 2 * pairs * window_steps
+
+
+class _Loop:
+  """The training loop of `train.train_and_evaluate`, without metrics or checkpoints: steps, one in flight."""
+
+  def __init__(self, state, train_step, meshes, batches, examples_per_step: int):
+    self.state, self._train_step, self._meshes, self._batches = state, train_step, meshes, batches
+    self._examples_per_step = examples_per_step
+    self._step, self._pending_loss = 0, None
+
+  def run(self, steps: int, driver: sync_drivers.SyncDriver | None) -> float:
+    """`steps` steps (with `driver.after_step` after each, if given); returns their examples/sec."""
+    start = time.perf_counter()
+    for _ in range(steps):
+      self.state, metrics = self._train_step(self.state, replicas.shard(next(self._batches), self._meshes.local))
+      self._step += 1
+      if driver is not None:
+        self.state = driver.after_step(self._step, self.state)
+      if self._pending_loss is not None:  # As in training: reading step N-1's loss keeps the queue one step deep.
+        replicas.host_mean(self._pending_loss)
+      self._pending_loss = metrics['loss']
+    jax.block_until_ready(self.state)
+    return steps * self._examples_per_step / (time.perf_counter() - start)

@@ -1,0 +1,2 @@
+"""Synchronizing the replicas (DESIGN §3): the pure round math, and the drivers that run it in the foreground or in a
+background thread (ShadowSync)."""

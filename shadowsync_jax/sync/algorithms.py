@@ -1,0 +1,221 @@
+"""Model synchronization rounds as pure optax-style `(init, sync)` pairs over one replica's params (DESIGN §3).
+
+  algorithm = algorithms.make('bmuf', replicas.REPLICA_AXIS, num_replicas, elastic_alpha=0.1,
+                                   block_momentum=-1.0, block_lr=1.0)    # -1: eta = 1 - 1/R
+  init_R, sync_R = algorithms.stacked(algorithm, mesh)               # jit(shard_map(...)) over replicas
+  sync_state_R = init_R(params_R)
+  params_R, sync_state_R = sync_R(params_R, sync_state_R)                 # one round
+  eval_params = algorithms.stacked_consensus('bmuf', mesh)(params_R, sync_state_R)
+
+`init` and `sync` run per replica inside `jax.shard_map` over `axis_name`: they see one replica's params (no
+leading axis) and couple the replicas only through `lax.pmean`/`lax.psum`. Every sync state holds values that are
+identical on all replicas (the EASGD center, the BMUF global model and momentum), one copy per replica, so a round
+needs no broadcast. Which leaves are synced and when a round runs belong to the driver, not to this module.
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+from shadowsync_jax.parallel import replicas
+
+PyTree = Any
+
+NAMES = ('ma', 'ea', 'bmuf')
+
+
+class SyncAlgorithm(NamedTuple):
+  """A pure pair: `init(params) -> sync_state` and `sync(params, sync_state) -> (params, sync_state)`."""
+
+  init: Callable[[PyTree], PyTree]
+  sync: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
+
+
+class ModelAveragingState(NamedTuple):
+  """Model averaging keeps no state."""
+
+
+class ElasticAveragingState(NamedTuple):
+  center: PyTree  # c, the same on every replica.
+
+
+class BmufState(NamedTuple):
+  global_params: PyTree  # g, the same on every replica.
+  momentum: PyTree  # D, the block momentum, the same on every replica.
+
+
+def _pmean(tree: PyTree, axis_name: str) -> PyTree:
+  return _flat_collective(lambda v: lax.pmean(v, axis_name), tree)
+
+
+def _psum(tree: PyTree, axis_name: str) -> PyTree:
+  return _flat_collective(lambda v: lax.psum(v, axis_name), tree)
+
+
+def _flat_collective(collective: Callable[[jax.Array], jax.Array], tree: PyTree) -> PyTree:
+  """`collective` on every leaf, issued as one all-reduce of one flat vector per dtype.
+
+  A tuple all-reduce of the leaves costs about twice as much on XLA:CPU (a rendezvous per leaf: 5.4 ms against
+  2.5 ms for the default model's 11 leaves on 8 devices); the concatenation and the slices back are copies of
+  the same size as the message.
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  out = list(leaves)
+  for dtype in dict.fromkeys(leaf.dtype for leaf in leaves):  # In leaf order: every process issues the same.
+    index = [i for i, leaf in enumerate(leaves) if leaf.dtype == dtype]
+    flat = collective(jnp.concatenate([leaves[i].reshape(-1) for i in index]))
+    offsets = np.cumsum([0] + [leaves[i].size for i in index])
+    for i, start, stop in zip(index, offsets[:-1], offsets[1:]):
+      out[i] = flat[start:stop].reshape(leaves[i].shape)
+  return jax.tree.unflatten(treedef, out)
+
+
+def model_averaging(axis_name: str) -> SyncAlgorithm:
+  """Every replica takes the replica mean: `w_i <- mean_j w_j`.
+
+  Periodic model averaging, as in "Parallel training of DNNs with natural gradient and parameter averaging"
+  (Povey et al., 2014) and local SGD (Stich, 2019, arXiv:1805.09767).
+  """
+
+  def init(params):
+    del params
+    return ModelAveragingState()
+
+  def sync(params, state):
+    return _pmean(params, axis_name), state
+
+  return SyncAlgorithm(init, sync)
+
+
+def elastic_averaging(axis_name: str, alpha: float) -> SyncAlgorithm:
+  """Elastic averaging: replicas and a center `c` pull toward each other with moving rate `alpha`.
+
+  `d_i = alpha (w_i - c)`; `w_i <- w_i - d_i`; `c <- c + sum_i d_i`. The synchronous round of EASGD, "Deep
+  learning with Elastic Averaging SGD" (Zhang, Choromanska & LeCun, NeurIPS 2015, arXiv:1412.6651), with
+  `beta = R alpha`; the round contracts `mean_i w_i - c` by `1 - alpha (R + 1)`, monotonically for `alpha R < 1`.
+  The center starts at the replica mean of the initial params.
+  """
+
+  def init(params):
+    return ElasticAveragingState(center=_pmean(params, axis_name))
+
+  def sync(params, state):
+    diffs = jax.tree.map(lambda w, c: alpha * (w - c), params, state.center)
+    params = jax.tree.map(lambda w, d: w - d, params, diffs)
+    center = jax.tree.map(lambda c, s: c + s, state.center, _psum(diffs, axis_name))
+    return params, ElasticAveragingState(center=center)
+
+  return SyncAlgorithm(init, sync)
+
+
+def bmuf(axis_name: str, block_momentum: float, block_lr: float = 1.0, nesterov: bool = False) -> SyncAlgorithm:
+  """Block-wise model update filtering: the averaged block update drives a momentum step on a global model `g`.
+
+  `G = mean_i w_i - g`; `D <- eta D + zeta G`; `g <- g + D`; `w_i <- g`, or `w_i <- g + eta D` with Nesterov
+  (eta = `block_momentum`, zeta = `block_lr`). "Scalable training of deep learning machines by incremental block
+  training with intra-block parallel optimization and blockwise model-update filtering" (Chen & Huo, ICASSP 2016).
+  With `eta = 0, zeta = 1` it is model averaging. `g` starts at the replica mean of the initial params, `D` at 0.
+  """
+
+  def init(params):
+    global_params = _pmean(params, axis_name)
+    return BmufState(global_params=global_params, momentum=jax.tree.map(jnp.zeros_like, global_params))
+
+  def sync(params, state):
+    block_grad = jax.tree.map(lambda m, g: m - g, _pmean(params, axis_name), state.global_params)
+    momentum = jax.tree.map(lambda d, b: block_momentum * d + block_lr * b, state.momentum, block_grad)
+    global_params = jax.tree.map(lambda g, d: g + d, state.global_params, momentum)
+    if nesterov:
+      params = jax.tree.map(lambda g, d: g + block_momentum * d, global_params, momentum)
+    else:
+      params = global_params
+    return params, BmufState(global_params=global_params, momentum=momentum)
+
+  return SyncAlgorithm(init, sync)
+
+
+def make(
+  name: str,
+  axis_name: str,
+  num_replicas: int,
+  elastic_alpha: float,
+  block_momentum: float,
+  block_lr: float,
+  nesterov: bool = False,
+) -> SyncAlgorithm:
+  """The algorithm called `name` ('ma', 'ea' or 'bmuf'); `block_momentum < 0` means the default `1 - 1/R`."""
+  if name == 'ma':
+    return model_averaging(axis_name)
+  if name == 'ea':
+    if not 0 < elastic_alpha * num_replicas < 1:
+      raise ValueError(f'elastic_alpha * num_replicas = {elastic_alpha} * {num_replicas} must be in (0, 1).')
+    return elastic_averaging(axis_name, elastic_alpha)
+  if name == 'bmuf':
+    if block_momentum < 0:
+      block_momentum = 1.0 - 1.0 / num_replicas
+    if block_momentum >= 1:
+      raise ValueError(f'block_momentum={block_momentum} must be < 1 (negative = 1 - 1/R).')
+    if block_lr <= 0:
+      raise ValueError(f'block_lr={block_lr} must be > 0.')
+    return bmuf(axis_name, block_momentum, block_lr, nesterov)
+  raise ValueError(f'Unknown sync algorithm {name!r}; known: {", ".join(NAMES)}.')
+
+
+def consensus_params(name: str, params: PyTree, sync_state: PyTree, axis_name: str = replicas.REPLICA_AXIS) -> PyTree:
+  """The model a run evaluates, computed per replica inside `shard_map` (DESIGN §3).
+
+  'ma' and 'bmuf': the replica mean, which includes the local steps made since the last round (for BMUF it
+  equals `g` right after a plain round; `g` would drop those steps, and with Nesterov the replicas start from
+  `g + eta D`, not from `g`). 'ea': the center `c`, the model EASGD is meant to produce.
+  """
+  if name in ('ma', 'bmuf'):
+    return _pmean(params, axis_name)
+  if name == 'ea':
+    return sync_state.center
+  raise ValueError(f'Unknown sync algorithm {name!r}; known: {", ".join(NAMES)}.')
+
+
+def stacked(
+  algorithm: SyncAlgorithm, mesh: Mesh, donate: bool = False
+) -> tuple[Callable[[PyTree], PyTree], Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]]:
+  """`(init_R, sync_R)`: `algorithm` as jit(shard_map) over params and sync state stacked on a leading axis R.
+
+  The algorithm must have been built with `axis_name=replicas.REPLICA_AXIS`. With `donate`, `sync_R` updates
+  its params and state in place (the caller must not reuse them).
+  """
+  spec = P(replicas.REPLICA_AXIS)
+
+  def init_one(params_1):
+    return replicas.unsqueeze(algorithm.init(replicas.squeeze(params_1)))
+
+  def sync_one(params_1, state_1):
+    params, state = algorithm.sync(replicas.squeeze(params_1), replicas.squeeze(state_1))
+    return replicas.unsqueeze(params), replicas.unsqueeze(state)
+
+  init_R = jax.jit(jax.shard_map(init_one, mesh=mesh, in_specs=spec, out_specs=spec))
+  sync_R = jax.jit(
+    jax.shard_map(sync_one, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec)),
+    donate_argnums=(0, 1) if donate else (),
+  )
+  return init_R, sync_R
+
+
+def stacked_consensus(name: str, mesh: Mesh) -> Callable[[PyTree, PyTree], PyTree]:
+  """jit(shard_map) of `consensus_params` on stacked params and state; returns one copy, no leading axis, whole on
+  every device of `mesh`."""
+  spec = P(replicas.REPLICA_AXIS)
+
+  def consensus_one(params_1, state_1):
+    return replicas.unsqueeze(consensus_params(name, replicas.squeeze(params_1), replicas.squeeze(state_1)))
+
+  per_replica = jax.shard_map(consensus_one, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+  return jax.jit(
+    lambda params_R, state_R: replicas.squeeze(per_replica(params_R, state_R)), out_shardings=NamedSharding(mesh, P())
+  )

@@ -1,0 +1,134 @@
+"""When sync rounds run: never, every k steps in the foreground, or continuously in a background thread.
+
+  driver = drivers.make_driver(config, meshes)  # meshes = replicas.make_meshes(num_replicas)
+  sync_state_R = driver.initial_sync_state(state_L)  # EA center, BMUF global model and momentum; None if no rounds
+  driver.start(state_L, sync_state_R)          # or a sync state restored from a checkpoint
+  for step in ...:
+    state_L, _ = train_step(state_L, batch_L)
+    state_L = driver.after_step(step, state_L)  # foreground: a blocking round every k steps; shadow: merge a result
+    state_L = driver.pause(state_L); save(state_L); driver.resume(state_L)   # around the loop's own collectives
+  state_L = driver.finish(state_L)             # ends the rounds (shadow: with every process) and joins the thread
+  params = driver.consensus(state_L.params)    # the model to evaluate (DESIGN §3), whole on every device
+  driver.stats()                               # sync_rounds, mean/max sync gap, mean round latency
+
+The train state `state_L` holds this process's replicas (`meshes.local`); rounds and the consensus run over all
+the job's replicas (`meshes.job`, the same mesh in a one-process job), so the sync state `sync_state_R` is a
+job-wide array. The math of a round lives in `algorithms` (pure, testable on numbers); the drivers own timing and
+threads: `foreground.NoSync` and `foreground.ForegroundSync` run on the training thread, `shadow.ShadowSync` in a
+thread of its own; `rounds` holds what they share (the synced groups, the consensus, the sync-gap bookkeeping).
+"""
+
+from typing import Any, Protocol
+
+import ml_collections
+
+from shadowsync_jax.parallel import replicas
+from shadowsync_jax.sync import algorithms
+from shadowsync_jax.sync import foreground
+from shadowsync_jax.sync import rounds
+from shadowsync_jax.sync import shadow
+
+PyTree = Any
+
+
+class SyncDriver(Protocol):
+  """What the training loop calls at its step boundaries (module docstring); every driver of this package has it."""
+
+  def initial_sync_state(self, state_L: Any) -> PyTree | None: ...
+
+  def start(self, state_L: Any, sync_state_R: PyTree | None) -> None:
+    """Compiles what the rounds run (so that no compile happens among the timed training steps), then starts
+    them."""
+
+  def sync_state(self) -> PyTree | None:
+    """The current sync state, to checkpoint with the train state (None for algorithms without rounds)."""
+
+  def after_step(self, step: int, state_L: Any) -> Any: ...
+
+  def finish(self, state_L: Any, abandon: bool = False) -> Any:
+    """Ends the rounds (`abandon`: at once, the run is failing) and returns the final train state."""
+
+  def pause(self, state_L: Any) -> Any:
+    """Lets the training thread issue collectives (a checkpoint save) until `resume`; returns the train state."""
+
+  def resume(self, state_L: Any) -> None: ...
+
+  def consensus(self, params_L: PyTree) -> PyTree:
+    """The model to evaluate, one tree without the replica axis (read it with `replicas.fetch`)."""
+
+  def stats(self) -> dict[str, Any]: ...
+
+
+def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes) -> SyncDriver:
+  """The driver for `config.sync.algorithm`: NoSync, ForegroundSync (`fr_*`) or ShadowSync (`shadow_*`)."""
+  sync = config.sync
+  if sync.algorithm in ('none', 'sync_sgd'):
+    return foreground.NoSync(sync.algorithm, meshes)
+  mode, name = sync.algorithm.split('_', 1)
+  algorithm = algorithms.make(
+    name,
+    replicas.REPLICA_AXIS,
+    config.num_replicas,
+    sync.elastic_alpha,
+    sync.block_momentum,
+    sync.block_lr,
+    sync.nesterov,
+  )
+  groups = rounds.SYNCED_GROUPS[sync.what]
+  if mode == 'fr':
+    return foreground.ForegroundSync(algorithm, name, meshes, groups, sync.every_k_steps)
+  if mode == 'shadow':
+    return shadow.ShadowSync(algorithm, name, meshes, groups, sync.min_interval_s)
+  raise ValueError(f'sync.algorithm={sync.algorithm!r} has no driver.')
+
+
+class RestartedSync:
+  """A sync driver restarted (by full recovery, from a checkpoint's sync state): delegates to the new driver; its
+  stats count every driver's rounds (the mean gap and latency weighted by rounds)."""
+
+  def __init__(self, driver: Any, previous: Any):
+    self._driver = driver
+    self._previous = (
+      previous._previous + [previous._driver.stats()] if isinstance(previous, RestartedSync) else [previous.stats()]
+    )
+
+  def initial_sync_state(self, state_L: Any) -> PyTree:
+    return self._driver.initial_sync_state(state_L)
+
+  def start(self, state_L: Any, sync_state_R: PyTree) -> None:
+    self._driver.start(state_L, sync_state_R)
+
+  def sync_state(self) -> PyTree:
+    return self._driver.sync_state()
+
+  def after_step(self, step: int, state_L: Any) -> Any:
+    return self._driver.after_step(step, state_L)
+
+  def finish(self, state_L: Any, abandon: bool = False) -> Any:
+    return self._driver.finish(state_L, abandon)
+
+  def pause(self, state_L: Any) -> Any:
+    return self._driver.pause(state_L)
+
+  def resume(self, state_L: Any) -> None:
+    self._driver.resume(state_L)
+
+  def consensus(self, params_L: PyTree) -> PyTree:
+    return self._driver.consensus(params_L)
+
+  def stats(self) -> dict[str, Any]:
+    every = self._previous + [self._driver.stats()]
+    rounds = [s['sync_rounds'] for s in every]
+
+    def weighted_mean(key):
+      pairs = [(s[key], n) for s, n in zip(every, rounds) if s[key] is not None and n]
+      total = sum(n for _, n in pairs)
+      return sum(v * n for v, n in pairs) / total if total else None
+
+    gaps = [s['max_sync_gap'] for s in every if s['max_sync_gap'] is not None]
+    return {
+      'sync_rounds': sum(rounds),
+      'mean_sync_gap': weighted_mean('mean_sync_gap'),
+      'max_sync_gap': max(gaps) if gaps else None,
+      'mean_round_latency_s': weighted_mean('mean_round_latency_s'),
+    }

@@ -1,0 +1,118 @@
+"""Drivers without a thread of their own: `none` and `sync_sgd` (no rounds) and `fr_*` (a blocking round every k steps).
+
+  driver = foreground.ForegroundSync(algorithm, 'ma', meshes, groups=('mlp', 'embedding'), every_k_steps=10)
+  driver.start(state_L, driver.initial_sync_state(state_L))
+  state_L = driver.after_step(step, state_L)   # every k-th step: a round on the live params, the loop waits for it
+
+The training thread issues every collective, so there is nothing to end or to pause (`drivers.SyncDriver`).
+"""
+
+import time
+from typing import Any
+
+import jax
+
+from shadowsync_jax.parallel import replicas
+from shadowsync_jax.sync import algorithms
+from shadowsync_jax.sync import rounds
+
+PyTree = Any
+
+
+class _TrainingThreadOnly:
+  """A driver without a thread of its own: the training thread issues every collective, so there is nothing to end
+  or to pause."""
+
+  def finish(self, state_L: Any, abandon: bool = False) -> Any:
+    return state_L
+
+  def pause(self, state_L: Any) -> Any:
+    return state_L
+
+  def resume(self, state_L: Any) -> None:
+    pass
+
+
+class NoSync(_TrainingThreadOnly):
+  """`none` (R independent models) and `sync_sgd` (synchronized inside the train step, no rounds)."""
+
+  def __init__(self, algorithm: str, meshes: replicas.ReplicaMeshes):
+    self._algorithm, self._meshes = algorithm, meshes
+    self._steps = 0
+
+  def initial_sync_state(self, state_L: Any) -> None:
+    return None
+
+  def start(self, state_L: Any, sync_state_R: None) -> None:
+    pass
+
+  def sync_state(self) -> None:
+    return None
+
+  def after_step(self, step: int, state_L: Any) -> Any:
+    self._steps += 1
+    return state_L
+
+  def consensus(self, params_L: PyTree) -> PyTree:
+    if self._algorithm == 'sync_sgd':  # All replicas are the same model: this process's first one.
+      return jax.tree.map(lambda x: x[0], params_L)
+    return replicas.job_mean(params_L, self._meshes)
+
+  def stats(self) -> dict[str, Any]:
+    if self._algorithm == 'sync_sgd':  # One gradient all-reduce per step: always in sync.
+      return {
+        'sync_rounds': self._steps,
+        'mean_sync_gap': 1.0 if self._steps else None,
+        'max_sync_gap': 1 if self._steps else None,
+        'mean_round_latency_s': None,
+      }
+    return {'sync_rounds': 0, 'mean_sync_gap': None, 'max_sync_gap': None, 'mean_round_latency_s': None}
+
+
+class ForegroundSync(_TrainingThreadOnly):
+  """`fr_*`: a blocking round on the live params every `every_k_steps` steps (the classic way)."""
+
+  def __init__(
+    self,
+    algorithm: algorithms.SyncAlgorithm,
+    name: str,
+    meshes: replicas.ReplicaMeshes,
+    groups: tuple[str, ...],
+    every_k_steps: int,
+  ):
+    self._name, self._meshes, self._groups, self._every = name, meshes, groups, every_k_steps
+    self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job, donate=True)
+    self._consensus_R = algorithms.stacked_consensus(name, meshes.job)
+    self._sync_state_R = None
+    self._gaps = rounds.GapTracker()
+
+  def initial_sync_state(self, state_L: Any) -> PyTree:
+    return self._init_R(replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes))
+
+  def start(self, state_L: Any, sync_state_R: PyTree) -> None:
+    """Compiles the round for these shapes (not at the first round, inside the run's timed steps)."""
+    self._sync_R.lower(
+      replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes), sync_state_R
+    ).compile()
+    self._sync_state_R = sync_state_R
+    self._gaps.reset(int(state_L.step[0]))
+
+  def sync_state(self) -> PyTree:
+    return self._sync_state_R
+
+  def after_step(self, step: int, state_L: Any) -> Any:
+    if step % self._every:
+      return state_L
+    started = time.perf_counter()
+    synced_R, self._sync_state_R = self._sync_R(
+      replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes), self._sync_state_R
+    )
+    jax.block_until_ready(synced_R)
+    self._gaps.merged(step, time.perf_counter() - started)
+    return state_L._replace(params=rounds.with_synced(state_L.params, replicas.to_local(synced_R, self._meshes)))
+
+  def consensus(self, params_L: PyTree) -> PyTree:
+    return rounds.consensus(self._consensus_R, self._groups, params_L, self._sync_state_R, self._meshes)
+
+  def stats(self) -> dict[str, Any]:
+    return self._gaps.stats()

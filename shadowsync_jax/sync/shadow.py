@@ -1,0 +1,251 @@
+"""ShadowSync (Zheng et al. 2020, arXiv:2003.03477): sync rounds in a background thread, off the training path.
+
+  driver = ShadowSync(algorithm, 'ma', meshes, groups=('mlp',), min_interval_s=0.0)
+  driver.start(state_L, driver.initial_sync_state(state_L))   # starts the thread
+  for step in ...:
+    state_L, _ = train_step(state_L, batch_L)    # no cross-replica collective in here
+    state_L = driver.after_step(step, state_L)   # never waits for a round
+  state_L = driver.finish(state_L)               # last rounds with every process, then joins the thread
+
+A round: the thread asks for a snapshot; at its next step boundary the training loop dispatches a copy `s` of the
+synced params (a copy, so donating the params to the next step cannot delete what the thread reads) and hands it
+over; the thread computes the synced `s'` (its collectives are the only ones) and posts `(s, s')`; at the next step
+boundary after that, the loop merges `w <- w + (s' - s)`, keeping the local steps made while the round ran. An
+exception in the thread is re-raised by `after_step` at the first step boundary after it happened.
+
+Several processes: each runs one such thread, and the threads are the only issuers of cross-process collectives
+(DESIGN §3), one round after the other, so round n of every process meets round n of the others. A process whose
+stream is done keeps serving snapshots from `finish` until every process is done: each round also agrees, by a
+collective, on whether all processes have finished, and all threads stop after that same round. `pause` ends the
+rounds the same way when the training thread needs collectives of its own (a checkpoint save), `resume` restarts
+them.
+"""
+
+import functools
+import queue
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+from shadowsync_jax.parallel import replicas
+from shadowsync_jax.sync import algorithms
+from shadowsync_jax.sync import rounds
+
+PyTree = Any
+_POLL_S = 0.05  # How often a waiting thread checks whether it was asked to stop.
+_ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _merge(params_R: PyTree, snapshot_R: PyTree, synced_R: PyTree) -> PyTree:
+  """`w + (s' - s)`, in place (new buffers for every merged param cost the training thread a quarter more)."""
+  return jax.tree.map(lambda w, s, s_new: w + (s_new - s), params_R, snapshot_R, synced_R)
+
+
+@jax.jit
+def _copy(tree: PyTree) -> PyTree:
+  """New buffers with the values of `tree`, in one program (a copy per leaf costs a dispatch per leaf, on the
+  training thread)."""
+  return jax.tree.map(jnp.copy, tree)
+
+
+def _all_done_agreement(meshes: replicas.ReplicaMeshes):
+  """`all_done(done) -> bool`: whether every process of the job is done; a collective when there are several."""
+  if meshes.job is meshes.local:
+    return lambda done: done
+  job_min = jax.jit(jnp.min, out_shardings=NamedSharding(meshes.job, P()))
+  flag_sharding = replicas.replica_sharding(meshes.job)
+  num_local = meshes.local.shape[replicas.REPLICA_AXIS]
+
+  def all_done(done: bool) -> bool:
+    flags_R = jax.make_array_from_process_local_data(flag_sharding, np.full((num_local,), done, np.int32))
+    return bool(replicas.fetch(job_min(flags_R)))
+
+  return all_done
+
+
+class ShadowSync:
+  """`shadow_*`: one background thread loops rounds, no faster than one per `min_interval_s`."""
+
+  def __init__(
+    self,
+    algorithm: algorithms.SyncAlgorithm,
+    name: str,
+    meshes: replicas.ReplicaMeshes,
+    groups: tuple[str, ...],
+    min_interval_s: float = 0.0,
+  ):
+    self._name, self._meshes, self._groups, self._min_interval_s = name, meshes, groups, min_interval_s
+    self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job)
+    self._consensus_R = algorithms.stacked_consensus(name, meshes.job)
+    self._all_done = _all_done_agreement(meshes)
+    self._sync_state_R = None  # That of the last merged round; the thread runs ahead on its own copy.
+    self._snapshot_wanted = threading.Event()
+    self._snapshots: queue.Queue = queue.Queue(maxsize=1)
+    self._results: queue.Queue = queue.Queue(maxsize=1)
+    self._stop = threading.Event()  # Abandon rounds now (the run failed).
+    self._done = threading.Event()  # This process trained its whole stream; rounds go on until all processes are.
+    self._error: BaseException | None = None
+    self._failed = threading.Event()
+    self._thread: threading.Thread | None = None
+    self._paused = False
+    self._compiled = False
+    self._gaps = rounds.GapTracker()
+
+  def initial_sync_state(self, state_L: Any) -> PyTree:
+    return self._init_R(replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes))
+
+  def start(self, state_L: Any, sync_state_R: PyTree) -> None:
+    """Compiles what the rounds run, then starts the thread."""
+    self._compile_rounds(state_L, sync_state_R)
+    self._sync_state_R = sync_state_R
+    self._gaps.reset(int(state_L.step[0]))
+    self._stop.clear()
+    self._done.clear()
+    self._snapshot_wanted.clear()
+    self._thread = threading.Thread(target=self._run, name='shadow-sync', daemon=True)
+    replicas.reserve_collectives(self._thread)  # Until finish: the thread is the only issuer of collectives.
+    self._thread.start()
+
+  def _compile_rounds(self, state_L: Any, sync_state_R: PyTree) -> None:
+    """Compiles the snapshot copy, the round and the merge for these shapes, once, before training goes on.
+
+    Compiled on first use instead, the round (a second or more of compiling for `ea`) would take the training
+    thread's cores, and the merge would stop the training thread itself, inside the run's timed steps.
+    """
+    if self._compiled:
+      return
+    synced_L = rounds.select(state_L.params, self._groups)
+    _copy.lower(synced_L).compile()
+    self._sync_R.lower(replicas.to_job(synced_L, self._meshes), sync_state_R).compile()
+    _merge.lower(synced_L, synced_L, synced_L).compile()
+    self._compiled = True
+
+  def after_step(self, step: int, state_L: Any) -> Any:
+    """At a step boundary: raise the thread's error, merge a finished round, hand over a wanted snapshot."""
+    self._raise_if_failed()
+    return self._step_boundary(state_L, step)
+
+  def finish(self, state_L: Any, abandon: bool = False) -> Any:
+    """Ends the rounds and joins the thread; raises its error if it failed.
+
+    Normally this process's last params keep serving snapshots until every process of the job has finished its
+    stream, and the rounds finished meanwhile are merged (they count as rounds, not as sync gaps). `abandon` (the run is
+    failing) drops the round in flight and returns within seconds, without raising the thread's error.
+    """
+    if self._thread is None:
+      return state_L
+    if abandon:  # The thread may be stuck in a collective with a dead process: wait a little, not forever.
+      self._stop.set()
+      self._thread.join(timeout=_ABANDON_JOIN_S)
+      replicas.reserve_collectives(None)
+      return state_L
+    self._done.set()
+    try:
+      while self._thread.is_alive():
+        self._raise_if_failed()
+        state_L = self._step_boundary(state_L, step=None)
+        self._thread.join(timeout=_POLL_S)
+    finally:
+      replicas.reserve_collectives(None)
+    self._raise_if_failed()
+    return self._step_boundary(state_L, step=None)
+
+  def pause(self, state_L: Any) -> Any:
+    """Before the training thread issues collectives of its own (orbax's, when saving a checkpoint across
+    processes): ends the rounds on every process, as `finish` does; `resume` starts them again. With one process
+    nothing else issues collectives, and the rounds go on."""
+    if self._meshes.job is self._meshes.local or self._thread is None:
+      return state_L
+    state_L = self.finish(state_L)
+    self._paused = True
+    return state_L
+
+  def resume(self, state_L: Any) -> None:
+    if self._paused:
+      self._paused = False
+      self.start(state_L, self._sync_state_R)
+
+  def consensus(self, params_L: PyTree) -> PyTree:
+    return rounds.consensus(self._consensus_R, self._groups, params_L, self._sync_state_R, self._meshes)
+
+  def stats(self) -> dict[str, Any]:
+    return self._gaps.stats()
+
+  def sync_state(self) -> PyTree:
+    """The sync state of the last merged round, so it matches the params `after_step` returned (safe to save)."""
+    return self._sync_state_R
+
+  def wait_for_rounds(self, rounds: int, step_boundary, timeout_s: float = 60.0) -> None:
+    """Test helper: calls `step_boundary()` until `rounds` rounds were merged (or raises TimeoutError)."""
+    deadline = time.monotonic() + timeout_s
+    while self._gaps.rounds < rounds:
+      if time.monotonic() > deadline:
+        raise TimeoutError(f'only {self._gaps.rounds} of {rounds} shadow rounds in {timeout_s} s.')
+      step_boundary()
+
+  def _raise_if_failed(self) -> None:
+    if self._failed.is_set():
+      raise self._error
+
+  def _step_boundary(self, state_L: Any, step: int | None) -> Any:
+    """Merges a finished round (a sync gap unless `step` is None: after training), then hands over a wanted
+    snapshot."""
+    try:
+      snapshot_L, synced_L, sync_state_R, latency_s = self._results.get_nowait()
+    except queue.Empty:
+      pass
+    else:
+      synced_groups = _merge(rounds.select(state_L.params, self._groups), snapshot_L, synced_L)
+      state_L = state_L._replace(params=rounds.with_synced(state_L.params, synced_groups))
+      self._sync_state_R = sync_state_R
+      self._gaps.merged(step, latency_s)
+    if self._snapshot_wanted.is_set():
+      self._snapshot_wanted.clear()
+      self._snapshots.put((_copy(rounds.select(state_L.params, self._groups)), self._done.is_set()))
+    return state_L
+
+  def _run(self) -> None:
+    sync_state_R = self._sync_state_R
+    try:
+      while not self._stop.is_set():
+        round_start = time.monotonic()
+        handed_over = self._next_snapshot()
+        if handed_over is None:
+          return
+        snapshot_L, done = handed_over
+        started = time.perf_counter()
+        all_done = self._all_done(done)
+        synced_R, sync_state_R = self._sync_R(replicas.to_job(snapshot_L, self._meshes), sync_state_R)
+        synced_L = replicas.to_local(synced_R, self._meshes)
+        jax.block_until_ready(synced_L)
+        if not self._put_result((snapshot_L, synced_L, sync_state_R, time.perf_counter() - started)) or all_done:
+          return
+        self._stop.wait(max(0.0, self._min_interval_s - (time.monotonic() - round_start)))
+    except BaseException as error:  # pylint: disable=broad-except  (handed to the training thread as it is)
+      self._error = error
+      self._failed.set()
+
+  def _next_snapshot(self) -> PyTree | None:
+    self._snapshot_wanted.set()
+    while not self._stop.is_set():
+      try:
+        return self._snapshots.get(timeout=_POLL_S)
+      except queue.Empty:
+        continue
+    return None
+
+  def _put_result(self, result) -> bool:
+    while not self._stop.is_set():
+      try:
+        self._results.put(result, timeout=_POLL_S)
+        return True
+      except queue.Full:
+        continue
+    return False

@@ -1,0 +1,156 @@
+"""Tests of the one-pass stream layout: replica shards, resume, both sources through the same pipeline."""
+
+import pathlib
+
+import ml_collections
+import numpy as np
+import pytest
+
+from shadowsync_jax.data import criteo
+from shadowsync_jax.data import input_pipeline
+from shadowsync_jax.data import synthetic
+from shadowsync_jax.data.batch import Batch
+
+TINY = pathlib.Path(__file__).resolve().parent / 'criteo_tiny.tsv'
+
+
+class IndexSource:
+  """A stream whose example i carries i in every field, so batches show which examples they hold."""
+
+  def read(self, start: int, count: int) -> Batch:
+    index = np.arange(start, start + count)
+    return Batch(
+      dense=np.repeat(index[:, None], 13, axis=1).astype(np.float32),
+      sparse=np.repeat(index[:, None], 26, axis=1).astype(np.int32),
+      label=index.astype(np.float32),
+    )
+
+
+def _data_config(**overrides) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict(
+    dict(
+      source='synthetic',
+      train_path='',
+      eval_path='',
+      num_train_examples=1000,
+      num_eval_examples=300,
+      cardinalities=[50] * 26,
+      zipf_exponent=1.05,
+      drift=0.0,
+    )
+  )
+  config.update(overrides)
+  return config
+
+
+def _stack(batches: list[Batch]) -> Batch:
+  return Batch(*(np.stack(field) for field in zip(*batches)))
+
+
+@pytest.mark.parametrize('num_replicas, batch_size, num_train', [(1, 8, 100), (4, 3, 100), (8, 16, 1024)])
+def test_replica_shards_are_disjoint_ordered_and_cover_the_stream(num_replicas, batch_size, num_train):
+  batches = list(input_pipeline.train_batches(IndexSource(), num_replicas, batch_size, num_train))
+  steps = num_train // (num_replicas * batch_size)
+  assert len(batches) == steps == input_pipeline.num_steps(num_train, num_replicas, batch_size)
+  for step, batch in enumerate(batches):
+    assert batch.sparse.shape == (num_replicas, batch_size, 26) and batch.dense.shape == (num_replicas, batch_size, 13)
+    for replica in range(num_replicas):
+      first = step * num_replicas * batch_size + replica * batch_size
+      np.testing.assert_array_equal(batch.label[replica], np.arange(first, first + batch_size))
+  seen = np.concatenate([b.sparse[..., 0].ravel() for b in batches])
+  np.testing.assert_array_equal(np.sort(seen), np.arange(steps * num_replicas * batch_size))  # no overlap, no gap
+
+
+def test_resume_continues_exactly_where_it_stopped():
+  config = _data_config()
+  train, _ = input_pipeline.make_sources(config, seed=0)
+  full = list(input_pipeline.train_batches(train, 2, 16, 1000))
+  resumed = list(input_pipeline.train_batches(train, 2, 16, 1000, start_step=11))
+  assert len(full) == 31 and len(resumed) == 20
+  for a, b in zip(full[11:], resumed):
+    for x, y in zip(a, b):
+      np.testing.assert_array_equal(x, y)
+  assert list(input_pipeline.train_batches(train, 2, 16, 1000, start_step=31)) == []
+  with pytest.raises(ValueError, match='start_step'):
+    input_pipeline.train_batches(train, 2, 16, 1000, start_step=32)
+
+
+def test_synthetic_stream_is_deterministic_and_prefetch_does_not_change_it():
+  train, _ = input_pipeline.make_sources(_data_config(), seed=4)
+  threaded = _stack(list(input_pipeline.train_batches(train, 4, 25, 1000, prefetch=2)))
+  inline = _stack(list(input_pipeline.train_batches(train, 4, 25, 1000, prefetch=0)))
+  train_again, _ = input_pipeline.make_sources(_data_config(), seed=4)
+  again = _stack(list(input_pipeline.train_batches(train_again, 4, 25, 1000)))
+  flat = synthetic.SyntheticSource(synthetic.SyntheticSpec(seed=4, cardinalities=(50,) * 26)).read(0, 1000)
+  for name, a, b, c, d in zip(Batch._fields, threaded, inline, again, flat):
+    np.testing.assert_array_equal(a, b, err_msg=name)
+    np.testing.assert_array_equal(a, c, err_msg=name)
+    np.testing.assert_array_equal(a.reshape(1000, *a.shape[3:]), d, err_msg=name)  # [steps, R, B] in stream order
+
+
+def test_synthetic_eval_follows_the_training_stream():
+  config = _data_config(drift=0.5)
+  _, eval_source = input_pipeline.make_sources(config, seed=2)
+  batch = input_pipeline.eval_batch(eval_source, 300)
+  probability = input_pipeline.eval_true_probability(eval_source, 300)
+  spec = synthetic.SyntheticSpec(seed=2, cardinalities=(50,) * 26, drift=0.5)
+  expected, expected_probability = synthetic.SyntheticSource(spec).read_with_probability(1000, 300)
+  for a, b in zip(batch, expected):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(probability, expected_probability)
+
+
+def test_criteo_through_the_same_pipeline():
+  config = _data_config(
+    source='criteo', train_path=str(TINY), num_train_examples=40, num_eval_examples=10, cardinalities=[1000] * 26
+  )
+  train, eval_source = input_pipeline.make_sources(config, seed=0)
+  rows = criteo.CriteoSource(str(TINY), (1000,) * 26).read(0, 50)
+  batches = list(input_pipeline.train_batches(train, 2, 4, 40))
+  assert len(batches) == 5
+  np.testing.assert_array_equal(_stack(batches).sparse.reshape(40, 26), rows.sparse[:40])
+  np.testing.assert_array_equal(input_pipeline.eval_batch(eval_source, 10).sparse, rows.sparse[40:])
+  assert input_pipeline.eval_true_probability(eval_source, 10) is None
+
+
+def test_criteo_eval_file():
+  config = _data_config(
+    source='criteo',
+    train_path=str(TINY),
+    eval_path=str(TINY),
+    num_train_examples=50,
+    num_eval_examples=20,
+    cardinalities=[1000] * 26,
+  )
+  _, eval_source = input_pipeline.make_sources(config, seed=0)
+  rows = criteo.CriteoSource(str(TINY), (1000,) * 26).read(0, 20)
+  np.testing.assert_array_equal(input_pipeline.eval_batch(eval_source, 20).dense, rows.dense)
+
+
+@pytest.mark.parametrize(
+  'overrides, key',
+  [
+    (dict(num_train_examples=45), 'data.num_train_examples'),  # 45 + 10 eval rows > 50
+    (dict(num_train_examples=51, eval_path=str(TINY)), 'data.num_train_examples'),
+    (dict(num_eval_examples=51, eval_path=str(TINY)), 'data.num_eval_examples'),
+    (dict(source='parquet'), 'data.source'),
+  ],
+)
+def test_config_errors_name_the_key(overrides, key):
+  config = _data_config(source='criteo', train_path=str(TINY), num_train_examples=40, num_eval_examples=10)
+  config.update(overrides)
+  with pytest.raises(ValueError, match=key.replace('.', r'\.')):
+    input_pipeline.make_sources(config, seed=0)
+
+
+def test_errors_in_the_reader_reach_the_consumer():
+  class Failing(IndexSource):
+    def read(self, start, count):
+      if start >= 30:
+        raise RuntimeError('disk gone')
+      return super().read(start, count)
+
+  batches = input_pipeline.train_batches(Failing(), 2, 5, 100)
+  assert next(batches).label.shape == (2, 5)
+  with pytest.raises(RuntimeError, match='disk gone'):
+    list(batches)

@@ -1,0 +1,194 @@
+"""Jobs of 2 processes on 127.0.0.1 (jax.distributed, gloo), started by `experiments.launch` on the tiny config.
+
+Each test is one or two real jobs (10-40 s each on 2 cores): the agreement of the final models, sync SGD against
+the same run in one process and its resume, the direction of the straggler effect, and a killed process.
+"""
+
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from experiments.configs import default
+from shadowsync_jax import train
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+JOB_TIMEOUT_S = 300  # Only reached when something hangs.
+TINY = '--config=experiments/configs/default.py:tiny'
+
+
+def _launch_command(workdir: pathlib.Path, *train_flags: str, peer_timeout_s: float = 20.0) -> list[str]:
+  return [
+    sys.executable,
+    '-m',
+    'experiments.launch',
+    '--num_processes=2',
+    '--cpu_devices=2',
+    f'--peer_timeout_s={peer_timeout_s}',
+    '--grace_s=30',
+    '--',
+    f'--workdir={workdir}',
+    TINY,
+    *train_flags,
+  ]
+
+
+def _env() -> dict[str, str]:
+  return {**os.environ, 'PYTHONPATH': str(REPO)}
+
+
+def _launch(workdir: pathlib.Path, *train_flags: str) -> tuple[int, str]:
+  result = subprocess.run(
+    _launch_command(workdir, *train_flags), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S
+  )
+  return result.returncode, result.stdout + result.stderr
+
+
+def _summary(workdir: pathlib.Path) -> dict:
+  return json.loads((workdir / 'summary.json').read_text())
+
+
+def test_shadow_ea_across_two_processes_ends_with_one_model(tmp_path):
+  # Checkpoints every 8 steps: orbax's save has collectives of its own, so the shadow rounds pause around it.
+  code, output = _launch(
+    tmp_path,
+    '--config.num_replicas=4',
+    '--config.sync.algorithm=shadow_ea',
+    '--config.data.num_train_examples=16384',
+    '--config.train.checkpoint_every_steps=8',
+  )
+  assert code == 0, output
+  summary = _summary(tmp_path)
+  assert summary['num_processes'] == 2 and summary['num_replicas'] == 4
+  assert summary['train_examples'] == 16384
+  assert len(summary['examples_per_sec_per_process']) == 2 and min(summary['examples_per_sec_per_process']) > 0
+  assert summary['sync_rounds'] >= 1  # At least the one finish runs on the final params of both processes.
+  fingerprints = summary['consensus_fingerprint_per_process']
+  assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1], fingerprints
+  assert 0 < summary['eval_ne'] < 1.5  # 32 steps of EA: the center has barely moved from the initial model.
+  assert '[launch] all 2 processes succeeded.' in output
+  assert re.search(r'^\[p0\] eval NE', output, re.M) and not re.search(r'^\[p1\] eval NE', output, re.M)
+
+
+def test_sync_sgd_across_two_processes_equals_one_process_and_resumes(tmp_path):
+  """4 replicas as 2 processes x 2 are the same sync SGD run as 4 replicas in one process; stopped and resumed on
+  the same process count, it still is."""
+  flags = (
+    '--config.num_replicas=4',
+    '--config.sync.algorithm=sync_sgd',
+    '--config.data.num_train_examples=16384',
+    '--config.train.checkpoint_every_steps=8',
+  )
+  code, output = _launch(tmp_path, *flags, '--config.train.stop_at_step=12')
+  assert code == 0, output
+  assert not (tmp_path / 'summary.json').exists()
+  code, output = _launch(tmp_path, *flags)
+  assert code == 0, output
+  resumed = _summary(tmp_path)
+  assert resumed['resumed_from_step'] == 12 and resumed['train_steps'] == 32
+
+  config = default.get_config('tiny')
+  config.num_replicas, config.sync.algorithm, config.data.num_train_examples = 4, 'sync_sgd', 16384
+  config.train.checkpoint_every_steps = 0
+  one_process = train.train_and_evaluate(config, tmp_path / 'one_process')
+  np.testing.assert_allclose(resumed['eval_ne'], one_process['eval_ne'], rtol=1e-5)
+  np.testing.assert_allclose(resumed['eval_auc'], one_process['eval_auc'], rtol=1e-5)
+
+
+def test_gba_across_two_processes_resumes_a_sync_sgd_run_and_ends_with_one_server_model(tmp_path):
+  """sync_sgd for 12 steps, then the same workdir under gba: every process's copy of the server applies the same
+  exchanged gradients in the same order, so both end bit for bit equal; the NE is that of a real training run."""
+  flags = ('--config.num_replicas=4', '--config.train.checkpoint_every_steps=8')
+  code, output = _launch(tmp_path, *flags, '--config.sync.algorithm=sync_sgd', '--config.train.stop_at_step=12')
+  assert code == 0, output
+  code, output = _launch(tmp_path, *flags, '--config.sync.algorithm=gba')
+  assert code == 0, output
+  summary = _summary(tmp_path)
+  assert summary['sync_algorithm'] == 'gba' and summary['num_processes'] == 2
+  assert summary['resumed_from_step'] == 12 and summary['train_steps'] == 128
+  fingerprints = summary['consensus_fingerprint_per_process']
+  assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1], fingerprints
+  # 116 local steps x 4 workers, 4 gradients per global batch (the drains at checkpoints leave none part full).
+  assert summary['gba_server_updates'] == 116 and summary['lost_tokens'] == 0, summary
+  assert summary['gba_global_steps'] == 12 + 116  # The global step went on from the sync_sgd checkpoint's.
+  assert summary['exchange_rounds'] > 0 and summary['mean_staleness'] is not None
+  assert min(summary['examples_per_sec_per_process']) > 0
+  assert summary['eval_ne'] < 0.97, summary['eval_ne']  # Trained (the initial model is about 1.0; sync_sgd: ~0.93).
+
+
+def test_a_straggler_holds_back_sync_sgd_but_not_shadow_ma_or_gba(tmp_path):
+  """Process 1 three times slower: under sync SGD process 0 waits for it every step; under shadow_ma and gba it does
+  not (gba's server takes whichever gradients come: the fast process simply sends more)."""
+  ratios = {}
+  for algorithm in ('shadow_ma', 'gba', 'sync_sgd'):
+    workdir = tmp_path / algorithm
+    code, output = _launch(  # No num_replicas: the default, one replica per process.
+      workdir,
+      f'--config.sync.algorithm={algorithm}',
+      '--config.data.num_train_examples=16384',
+      '--config.train.checkpoint_every_steps=0',
+      '--config.straggler.process=1',
+      '--config.straggler.slowdown=3',
+    )
+    assert code == 0, output
+    summary = _summary(workdir)
+    assert summary['num_replicas'] == 2 and summary['config']['num_replicas'] == 2
+    fast, slow = summary['examples_per_sec_per_process']
+    ratios[algorithm] = fast / slow
+  assert ratios['shadow_ma'] > 1.8, ratios
+  assert ratios['gba'] > 1.8, ratios
+  assert ratios['sync_sgd'] < 1.3, ratios
+
+
+def _pid_of(process_id: int, workdir: pathlib.Path) -> int | None:
+  """The pid of the job's process `process_id` (found by its command line), or None while it is not running."""
+  for entry in pathlib.Path('/proc').iterdir():
+    try:
+      args = (entry / 'cmdline').read_bytes().split(b'\0')
+    except OSError:
+      continue
+    if f'--process_id={process_id}'.encode() in args and f'--workdir={workdir}'.encode() in args:
+      return int(entry.name)
+  return None
+
+
+def test_a_killed_process_stops_the_job_with_an_error_naming_it(tmp_path):
+  peer_timeout_s = 5.0
+  command = _launch_command(
+    tmp_path,
+    '--config.num_replicas=2',
+    '--config.sync.algorithm=shadow_ma',
+    '--config.data.num_train_examples=4000000',
+    '--config.train.progress_every_s=0.5',
+    '--config.train.checkpoint_every_steps=0',
+    peer_timeout_s=peer_timeout_s,
+  )
+  launcher = subprocess.Popen(
+    command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
+  lines = []
+  try:
+    for line in launcher.stdout:  # Wait until process 1 trains (its progress line), then kill it.
+      lines.append(line)
+      if line.startswith('[p1] step'):
+        break
+    pid = _pid_of(1, tmp_path)
+    assert pid is not None, ''.join(lines)
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    lines.extend(launcher.stdout)
+    code = launcher.wait(timeout=JOB_TIMEOUT_S)
+  finally:
+    launcher.kill()
+  output = ''.join(lines)
+  elapsed = time.monotonic() - killed_at
+  assert code != 0, output
+  assert '[launch] process 1 was killed by SIGKILL' in output, output
+  assert re.search(r'^\[p0\] .*stopping process 0: process 1 ', output, re.M), output[-3000:]
+  assert elapsed < peer_timeout_s + 30, elapsed

@@ -1,0 +1,424 @@
+"""ShadowSync (DESIGN §3): the merge rule, a training loop that never waits, errors, shutdown, donation, no leaks.
+
+Most tests drive the real driver with a fake train step that adds a known per-replica delta to the params, so the
+params at every step boundary are known exactly. A round is held or observed by wrapping the driver's jitted
+`_sync_R` in Python (device code cannot wait on a Python event): the wrapper records the snapshot `s` the round
+received and the synced `s'` it returned, and holds the round until the test releases it. Nothing here sleeps to
+pass; tests wait on events with generous timeouts, and every loop that could hang has a deadline.
+"""
+
+from collections.abc import Callable
+import contextlib
+import gc
+import math
+import threading
+import time
+from typing import Any
+
+import fake_training
+from fake_training import FakeState
+import jax
+import numpy as np
+import optax
+import pytest
+
+from shadowsync_jax.data import batch as batch_lib
+from shadowsync_jax.model import dlrm as model_lib
+from shadowsync_jax.model import embedding
+from shadowsync_jax.model import step as step_lib
+from shadowsync_jax.parallel import replicas
+from shadowsync_jax.sync import algorithms as sync_algorithms
+from shadowsync_jax.sync import shadow as shadow_sync
+
+TIMEOUT_S = 60.0  # Only reached when something is broken (a hang); healthy runs take well under a second.
+ALL = ('mlp', 'embedding')
+
+
+class Loop:
+  """A training loop as train.py runs it, with the fake step: step, then `after_step`, then read the step back."""
+
+  def __init__(self, driver, num_replicas: int):
+    self.mesh = replicas.make_mesh(num_replicas)
+    self.initial, self.delta = fake_training.initial(num_replicas)
+    self._delta_R = replicas.shard(self.delta, self.mesh)
+    self.state = replicas.shard(FakeState(params=self.initial, step=np.zeros(num_replicas, np.int32)), self.mesh)
+    self.driver, self.step = driver, 0
+
+  def advance(self) -> None:
+    self.state = fake_training.donating_step(self.state, self._delta_R)
+    self.step += 1
+    self.state = self.driver.after_step(self.step, self.state)
+    jax.block_until_ready(self.state.step)  # Keeps the dispatch queue short, as train.py's loss read-back does.
+
+  def advance_until(self, condition: Callable[[], bool], what: str) -> None:
+
+    def steps():
+      deadline = time.monotonic() + TIMEOUT_S
+      while not condition():
+        assert time.monotonic() < deadline, f'{what} did not happen within {TIMEOUT_S} s'
+        self.advance()
+
+    _within(TIMEOUT_S * 1.5, steps)
+
+  def run(self, num_steps: int) -> None:
+    _within(TIMEOUT_S, lambda: [self.advance() for _ in range(num_steps)])
+
+  def wait_for_rounds(self, rounds: int) -> None:
+    _within(TIMEOUT_S * 1.5, lambda: self.driver.wait_for_rounds(rounds, self.advance, TIMEOUT_S))
+
+  def unsynced(self, steps: int) -> dict[str, Any]:
+    """The params of every replica after `steps` fake steps and no round."""
+    return jax.tree.map(lambda p, d: p + steps * d, self.initial, self.delta)
+
+
+class HeldRounds:
+  """Stands in for a driver's `_sync_R`: records each round, and holds it until `release` (fails it if `fail`)."""
+
+  def __init__(self, sync_R, fail: BaseException | None = None):
+    self._sync_R, self._fail = sync_R, fail
+    self.entered, self.release = threading.Event(), threading.Event()
+    self.rounds = []  # (snapshot s, synced s', sync state after the round), as numpy
+
+  def __call__(self, snapshot_R, sync_state_R):
+    snapshot = jax.tree.map(np.asarray, snapshot_R)
+    self.entered.set()
+    if not self.release.wait(TIMEOUT_S):
+      raise TimeoutError('the test never released the round')
+    if self._fail is not None:
+      raise self._fail
+    synced_R, sync_state_R = self._sync_R(snapshot_R, sync_state_R)
+    self.rounds.append((snapshot, jax.tree.map(np.asarray, synced_R), jax.tree.map(np.asarray, sync_state_R)))
+    return synced_R, sync_state_R
+
+  def lower(self, *args):  # The driver compiles the round ahead, when it starts.
+    return self._sync_R.lower(*args)
+
+
+@contextlib.contextmanager
+def _holding_rounds(driver, monkeypatch, fail: BaseException | None = None):
+  """Installs `HeldRounds` on `driver`; on exit releases it, so a failing test leaves no thread waiting."""
+  held = HeldRounds(driver._sync_R, fail)  # pylint: disable=protected-access
+  monkeypatch.setattr(driver, '_sync_R', held)
+  try:
+    yield held
+  finally:
+    held.release.set()
+
+
+def _driver(name: str, num_replicas: int, groups=ALL, min_interval_s=0.0, algorithm=None):
+  algorithm = algorithm or sync_algorithms.make(
+    name, replicas.REPLICA_AXIS, num_replicas, elastic_alpha=0.1, block_momentum=-1.0, block_lr=1.0
+  )
+  return shadow_sync.ShadowSync(algorithm, name, replicas.make_meshes(num_replicas), groups, min_interval_s)
+
+
+def _start(loop: Loop) -> threading.Thread:
+  """Starts the driver; returns its background thread."""
+  before = set(threading.enumerate())
+  loop.driver.start(loop.state, loop.driver.initial_sync_state(loop.state))
+  (thread,) = set(threading.enumerate()) - before
+  return thread
+
+
+def _within(timeout_s: float, fn: Callable[[], Any]) -> Any:
+  """`fn()`, failing the test instead of hanging it when `fn` has not returned after `timeout_s`."""
+  outcome = {}
+
+  def target():
+    try:
+      outcome['value'] = fn()
+    except BaseException as error:  # pylint: disable=broad-except  (re-raised below, in the test's thread)
+      outcome['error'] = error
+
+  runner = threading.Thread(target=target, daemon=True)
+  runner.start()
+  runner.join(timeout_s)
+  assert not runner.is_alive(), f'did not return within {timeout_s} s'
+  if 'error' in outcome:
+    raise outcome['error']
+  return outcome.get('value')
+
+
+def _assert_tree_close(got, want, what):
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(np.asarray(g), w, rtol=1e-6, atol=1e-5, err_msg=what), got, want)
+
+
+@pytest.mark.parametrize('name,num_replicas,groups', [('ma', 8, ALL), ('ea', 4, ALL), ('ma', 4, ('mlp',))])
+def test_merge_keeps_the_local_steps_made_during_the_round(monkeypatch, name, num_replicas, groups):
+  """w <- w + (s' - s): the steps made between the snapshot and the merge survive the merge."""
+  local_steps = 7
+  loop = Loop(_driver(name, num_replicas, groups), num_replicas)
+  with _holding_rounds(loop.driver, monkeypatch) as held:
+    thread = _start(loop)
+    loop.advance_until(held.entered.is_set, 'the first snapshot')
+    loop.run(local_steps)
+    assert loop.driver.stats()['sync_rounds'] == 0, 'merged a round that had not run'
+  loop.wait_for_rounds(1)
+  merge_step = loop.step
+
+  snapshot, synced, _ = held.rounds[0]
+  # The snapshot is the params of one step boundary, at least `local_steps` steps before the merge.
+  snapshot_step = int(round(float(snapshot['mlp']['kernel'][0, 0, 0] - loop.initial['mlp']['kernel'][0, 0, 0])))
+  assert 1 <= snapshot_step <= merge_step - local_steps, (snapshot_step, merge_step)
+  _assert_tree_close(snapshot, {g: loop.unsynced(snapshot_step)[g] for g in groups}, 'snapshot')
+  if name == 'ma':
+    _assert_tree_close(synced, jax.tree.map(lambda s: np.broadcast_to(s.mean(axis=0), s.shape), snapshot), "s'")
+  want = loop.unsynced(merge_step)
+  for group in groups:
+    want[group] = jax.tree.map(lambda w, s, s_new: w + (s_new - s), want[group], snapshot[group], synced[group])
+  _assert_tree_close(loop.state.params, want, f'params right after the merge at step {merge_step}')
+  assert loop.driver.stats()['sync_rounds'] == 1
+  assert loop.driver.stats()['max_sync_gap'] == merge_step
+
+  final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  assert not thread.is_alive()
+  if name == 'ea':  # The consensus is the center (DESIGN §3) of the last round, which finish ran and merged.
+    last_merged = held.rounds[-1]
+    _assert_tree_close(
+      loop.driver.consensus(final.params), jax.tree.map(lambda c: c[0], last_merged[2].center), 'ea consensus'
+    )
+
+
+def test_after_step_never_waits_for_a_round(monkeypatch):
+  """200 steps go through while a round is held (`run`'s deadline fails the test if `after_step` waits for it)."""
+  loop = Loop(_driver('ma', 8), 8)
+  with _holding_rounds(loop.driver, monkeypatch) as held:
+    _start(loop)
+    loop.advance_until(held.entered.is_set, 'the first snapshot')
+    first_held_step = loop.step
+    loop.run(200)
+    assert loop.driver.stats()['sync_rounds'] == 0
+    assert not held.rounds
+    _assert_tree_close(loop.state.params, loop.unsynced(first_held_step + 200), 'params while the round is held')
+  loop.wait_for_rounds(2)
+  _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+
+
+class SyncFailed(RuntimeError):
+  """A failure only this test raises, so catching it cannot mistake another error for it."""
+
+
+def _failing_model_averaging() -> sync_algorithms.SyncAlgorithm:
+
+  def sync(params, sync_state):
+    raise SyncFailed('round 1 of model averaging failed on purpose')
+
+  return sync_algorithms.SyncAlgorithm(sync_algorithms.model_averaging(replicas.REPLICA_AXIS).init, sync)
+
+
+def test_a_round_that_cannot_compile_fails_start_in_the_training_thread():
+  """The driver compiles its round when it starts: an algorithm that cannot be traced fails there, with its own
+  error, before any thread runs."""
+  loop = Loop(_driver('ma', 4, algorithm=_failing_model_averaging()), 4)
+  before = set(threading.enumerate())
+  with pytest.raises(SyncFailed, match='failed on purpose'):
+    loop.driver.start(loop.state, loop.driver.initial_sync_state(loop.state))
+  assert set(threading.enumerate()) == before
+
+
+def test_thread_error_reaches_the_next_after_step_and_finish(monkeypatch):
+  """The original exception, at the first step boundary after the thread died, then again from `finish`."""
+  loop = Loop(_driver('ma', 4), 4)
+  with _holding_rounds(
+    loop.driver, monkeypatch, fail=SyncFailed('round 1 of model averaging failed on purpose')
+  ) as held:
+    held.release.set()  # The first round fails as soon as it is called, in the thread.
+    thread = _start(loop)
+
+    def steps_until_raised():
+      deadline = time.monotonic() + TIMEOUT_S
+      while time.monotonic() < deadline:
+        thread_was_dead = not thread.is_alive()
+        loop.advance()
+        assert not thread_was_dead, 'after_step returned normally after the thread had died'
+        thread.join(0.01)  # Lets the thread run; the test does not depend on how long it takes.
+
+    with pytest.raises(SyncFailed) as raised:
+      _within(TIMEOUT_S * 1.5, steps_until_raised)
+    assert type(raised.value) is SyncFailed  # pylint: disable=unidiomatic-typecheck
+    assert str(raised.value) == 'round 1 of model averaging failed on purpose'
+    with pytest.raises(SyncFailed, match='failed on purpose'):
+      _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+    assert not thread.is_alive()
+
+
+def test_finish_raises_an_error_no_step_saw(monkeypatch):
+  loop = Loop(_driver('ma', 4), 4)
+  with _holding_rounds(loop.driver, monkeypatch, fail=SyncFailed('failed while no step ran')) as held:
+    thread = _start(loop)
+    loop.advance_until(held.entered.is_set, 'the first snapshot')
+  with pytest.raises(SyncFailed, match='failed while no step ran'):
+    _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  assert not thread.is_alive()
+
+
+def test_finish_ends_with_a_round_on_the_final_params():
+  """`finish` hands the thread the final params, merges that last round and joins: under model averaging every
+  replica then holds the mean. Rounds merged after the last step count as rounds but not as sync gaps."""
+  loop = Loop(_driver('ma', 4), 4)
+  thread = _start(loop)
+  assert loop.driver._snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
+  final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  assert not thread.is_alive()
+  unsynced = loop.unsynced(loop.step)
+  _assert_tree_close(
+    final.params, jax.tree.map(lambda w: np.broadcast_to(w.mean(axis=0), w.shape), unsynced), 'params after finish'
+  )
+  assert loop.driver.stats()['sync_rounds'] >= 1 and loop.driver.stats()['mean_sync_gap'] is None
+
+
+def test_abandoning_stops_a_thread_that_waits_for_a_snapshot():
+  loop = Loop(_driver('ma', 4), 4)
+  thread = _start(loop)
+  assert loop.driver._snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
+  started = time.monotonic()
+  assert _within(10.0, lambda: loop.driver.finish(loop.state, abandon=True)) is loop.state
+  assert not thread.is_alive()
+  assert time.monotonic() - started < 10.0
+  assert loop.driver.stats()['sync_rounds'] == 0
+
+
+@pytest.mark.parametrize('name', ['ma', 'ea'])
+def test_abandoning_drops_the_round_in_flight(monkeypatch, name):
+  """A failing run abandons the round still running: neither its params nor its sync state are kept.
+
+  Keeping the sync state of a round whose params were dropped (the EA center pulled toward replicas that were not
+  pulled back) would make the checkpointed pair (train state, sync state) disagree.
+  """
+  loop = Loop(_driver(name, 4), 4)
+  with _holding_rounds(loop.driver, monkeypatch) as held:
+    thread = _start(loop)
+    initial_sync_state = jax.tree.map(np.asarray, loop.driver.sync_state())
+    loop.advance_until(held.entered.is_set, 'the first snapshot')
+  final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state, abandon=True))
+  assert not thread.is_alive() and len(held.rounds) == 1
+  _assert_tree_close(final.params, loop.unsynced(loop.step), 'params after finish')
+  _assert_tree_close(loop.driver.sync_state(), initial_sync_state, 'sync state after finish')
+
+
+def test_shadow_ea_conserves_replicas_plus_center():
+  """An EA round moves `sum_i d_i` from the replicas to the center: `sum_i w_i + c` changes only by local steps.
+
+  Holds at every step boundary and after `finish`, whichever round was in flight when training ended.
+  """
+  loop = Loop(_driver('ea', 4), 4)
+  _start(loop)
+  center_0 = jax.tree.map(lambda x: x.mean(axis=0), loop.initial)
+
+  def assert_conserved(what):
+    got = jax.tree.map(
+      lambda w, c: np.asarray(w).sum(axis=0) + np.asarray(c)[0], loop.state.params, loop.driver.sync_state().center
+    )
+    want = jax.tree.map(lambda w, c: w.sum(axis=0) + c, loop.unsynced(loop.step), center_0)
+    _assert_tree_close(got, want, what)
+
+  for rounds in (1, 2, 3):
+    loop.wait_for_rounds(rounds)
+    assert_conserved(f'after round {rounds}')
+  loop.state = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  assert_conserved('after finish')
+
+
+def test_shadow_sync_with_the_real_donating_train_step():
+  """The real jitted step donates its state every step; snapshots are copies, so no round reads a deleted array."""
+  num_replicas, batch_size, cardinalities, num_steps = 8, 8, [10] * batch_lib.NUM_SPARSE_FEATURES, 300
+  mesh = replicas.make_mesh(num_replicas)
+  model = model_lib.DLRM(bottom_mlp=(8, 4), top_mlp=(8, 1))
+  mlp_optimizer, embedding_optimizer = optax.adagrad(0.1), embedding.rowwise_adagrad(0.1)
+  state = replicas.replicate(
+    step_lib.init_train_state(jax.random.key(0), model, cardinalities, 4, mlp_optimizer, embedding_optimizer), mesh
+  )
+  train_step = replicas.make_replicated_step(
+    step_lib.make_train_step(model, cardinalities, mlp_optimizer, embedding_optimizer), mesh
+  )
+  rng = np.random.default_rng(0)
+  batches = [
+    replicas.shard(
+      batch_lib.Batch(
+        dense=rng.standard_normal((num_replicas, batch_size, batch_lib.NUM_DENSE_FEATURES)).astype(np.float32),
+        sparse=rng.integers(0, 10, (num_replicas, batch_size, batch_lib.NUM_SPARSE_FEATURES)).astype(np.int32),
+        label=rng.integers(0, 2, (num_replicas, batch_size)).astype(np.float32),
+      ),
+      mesh,
+    )
+    for _ in range(4)
+  ]
+  driver = _driver('ma', num_replicas)
+  driver.start(state, driver.initial_sync_state(state))
+
+  def train():
+    state_R, pending_loss, losses = state, None, []
+    for step in range(1, num_steps + 1):
+      state_R, metrics = train_step(state_R, batches[step % len(batches)])
+      state_R = driver.after_step(step, state_R)
+      if pending_loss is not None:  # As train.py: reading step N-1's loss keeps the dispatch queue one step deep.
+        losses.append(float(np.mean(pending_loss)))
+      pending_loss = metrics['loss']
+    return state_R, losses
+
+  state, losses = _within(TIMEOUT_S, train)
+  state = _within(TIMEOUT_S, lambda: driver.finish(state))
+  jax.block_until_ready(state)
+  assert driver.stats()['sync_rounds'] > 0
+  assert all(np.isfinite(losses))
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state.params))
+  assert int(np.asarray(state.step)[0]) == num_steps
+
+
+def test_eight_replicas_thousands_of_steps_no_hang_no_leak():
+  """3000 steps of 8 replicas, rounds as fast as they go: ends, leaves no thread behind, and no array per round."""
+  slack = 24  # Arrays a round in flight may hold at a given moment (snapshot, synced, queued copies), with margin.
+  threads_before = threading.active_count()
+  loop = Loop(_driver('ma', 8), 8)
+
+  def run():
+    loop.driver.start(loop.state, loop.driver.initial_sync_state(loop.state))
+    counts = {}
+    for checkpoint in (1000, 3000):
+      while loop.step < checkpoint:
+        loop.advance()
+      gc.collect()
+      counts[checkpoint] = (len(jax.live_arrays()), loop.driver.stats()['sync_rounds'])
+    loop.state = loop.driver.finish(loop.state)
+    return counts
+
+  counts = _within(120.0, run)
+  (arrays_1000, rounds_1000), (arrays_3000, rounds_3000) = counts[1000], counts[3000]
+  assert rounds_3000 - rounds_1000 > 2 * slack, f'too few rounds to see a leak of one array per round: {counts}'
+  assert arrays_3000 <= arrays_1000 + slack, f'live arrays grow with rounds: {counts}'
+  assert threading.active_count() == threads_before
+  assert loop.driver.stats()['max_sync_gap'] >= 1
+  _assert_tree_close(
+    loop.driver.consensus(loop.state.params),
+    jax.tree.map(lambda x: x.mean(axis=0), loop.unsynced(loop.step)),
+    'consensus = replica mean',
+  )
+
+
+def test_min_interval_bounds_the_round_rate():
+  """Round starts are at least `min_interval_s` apart, so over T seconds at most floor(T / interval) + 1 rounds."""
+  interval_s = 0.2
+  loop = Loop(_driver('ma', 4, min_interval_s=interval_s), 4)
+  started = time.monotonic()
+  _start(loop)
+  loop.wait_for_rounds(2)
+  loop.advance_until(lambda: time.monotonic() - started >= 1.0, 'one second')
+  elapsed_s = time.monotonic() - started
+  rounds = loop.driver.stats()['sync_rounds']
+  _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  assert 2 <= rounds <= math.floor(elapsed_s / interval_s) + 1, (rounds, elapsed_s)
+
+
+def test_only_the_shadow_thread_may_issue_job_wide_collectives():
+  """DESIGN §3's hard rule: from start to finish the thread owns the collectives; the consensus (a collective) called
+  from the training thread meanwhile raises instead of mismatching partners across processes."""
+  loop = Loop(_driver('ma', 4), 4)
+  _start(loop)
+  loop.run(3)
+  with pytest.raises(replicas.CollectiveThreadError, match='shadow-sync'):
+    loop.driver.consensus(loop.state.params)
+  with pytest.raises(replicas.CollectiveThreadError):
+    replicas.job_mean(loop.state.params, replicas.make_meshes(4))
+  loop.state = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  consensus = replicas.fetch(loop.driver.consensus(loop.state.params))  # After finish: the training thread's again.
+  _assert_tree_close(consensus, jax.tree.map(lambda w: np.asarray(w).mean(axis=0), loop.state.params), 'consensus')

@@ -1,0 +1,103 @@
+"""Errors a person can read: a refused config prints one line naming the key or file, exits 2, no traceback."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from shadowsync_jax import cli
+from shadowsync_jax import config as config_lib
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+TINY = '--config=experiments/configs/default.py:tiny'
+
+
+def _run(module: str, *args: str) -> subprocess.CompletedProcess:
+  env = {**os.environ, 'PYTHONPATH': str(REPO_ROOT)}
+  return subprocess.run(
+    [sys.executable, '-m', module, *args],
+    cwd=REPO_ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
+
+
+def test_a_typo_in_a_key_suggests_the_nearest_key():
+  assert cli.unknown_config_keys(['--config.sync.algoritm=fr_ma', '--config.seed=1']) == [
+    "unknown config key 'sync.algoritm' (in --config.sync.algoritm); did you mean --config.sync.algorithm?"
+  ]
+  assert cli.unknown_config_keys(['--', '--config.nope=1']) == []  # After `--`: another program's flags.
+  [group] = cli.unknown_config_keys(['--config.sync=3'])
+  assert 'is a group of keys' in group and '--config.sync.' in group
+
+
+def test_a_typo_in_a_config_file_suggests_the_nearest_key():
+  config = config_lib.base_config()
+  config.train.checkpoint_evry_steps = 5  # A config file can add a key; validation names it.
+  with pytest.raises(
+    config_lib.ConfigError, match="'train.checkpoint_evry_steps'; did you mean 'train.checkpoint_every_steps'"
+  ):
+    config_lib.validate(config, num_devices=8)
+
+
+def test_num_replicas_zero_means_one_replica_per_process():
+  config = config_lib.base_config()
+  assert config.num_replicas == 0
+  assert config_lib.resolve(config, num_processes=4).num_replicas == 4
+  assert config.num_replicas == 0  # resolve returns a copy.
+  config.num_replicas = 6
+  with pytest.raises(config_lib.ConfigError, match='num_replicas=6 must be a multiple of the process count'):
+    config_lib.validate(config, num_devices=None, num_processes=4)
+
+
+@pytest.mark.parametrize(
+  'args, names',
+  [
+    (['--config.sync.algoritm=fr_ma'], '--config.sync.algorithm'),
+    (['--config.num_replicas=abc'], '--config.num_replicas=abc'),
+    (['--config.sync.algorithm=fr_mx'], "sync.algorithm='fr_mx'"),
+    (['--config.num_replicas=9'], 'num_replicas=9'),
+    (['--config.data.source=criteo', '--config.data.train_path=/no/such.tsv'], "data.train_path='/no/such.tsv'"),
+    (['--config=experiments/configs/no_such.py'], "'experiments/configs/no_such.py' does not exist"),
+  ],
+  ids=['key typo', 'value type', 'bad value', 'too many replicas', 'missing data file', 'missing config file'],
+)
+def test_train_refuses_a_bad_config_in_one_line_with_exit_status_2(tmp_path, args, names):
+  result = _run('experiments.train', f'--workdir={tmp_path}', TINY, *args)
+  assert result.returncode == cli.USAGE_EXIT_CODE, result.stderr
+  lines = (result.stdout + result.stderr).strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: ') and names in lines[0], lines
+  assert not list(tmp_path.iterdir()), 'nothing may be written for a refused config'
+
+
+def test_launch_prints_a_refused_config_once_and_exits_2(tmp_path):
+  result = _run(
+    'experiments.launch',
+    '--num_processes=2',
+    '--cpu_devices=1',
+    '--',
+    f'--workdir={tmp_path}',
+    TINY,
+    '--config.sync.algoritm=fr_ma',
+  )
+  assert result.returncode == cli.USAGE_EXIT_CODE, result.stdout + result.stderr
+  errors = [line for line in result.stdout.splitlines() if 'error: ' in line]
+  assert len(errors) == 1 and 'did you mean --config.sync.algorithm?' in errors[0], result.stdout
+  assert 'Traceback' not in result.stdout + result.stderr
+
+
+def test_an_unexpected_error_keeps_its_traceback(tmp_path):
+  (tmp_path / 'summary.json').mkdir()  # The summary cannot be written: not a config problem.
+  result = _run(
+    'experiments.train',
+    f'--workdir={tmp_path}',
+    TINY,
+    '--config.data.num_train_examples=2048',
+    '--config.data.num_eval_examples=512',
+  )
+  assert result.returncode == 1 and 'Traceback' in result.stderr and 'IsADirectoryError' in result.stderr
