@@ -36,6 +36,7 @@ from shadowsync_jax.metrics import writer as metric_writer
 from shadowsync_jax.model import dlrm
 from shadowsync_jax.model import optimizers
 from shadowsync_jax.model import step as step_lib
+from shadowsync_jax.parallel import network
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.parallel import straggler
 from shadowsync_jax.recovery import checkpointing
@@ -115,6 +116,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   if config.sync.algorithm in config_lib.PARAMETER_SERVER_ALGORITHMS:  # One server model (DESIGN §8).
     # One process: its workers in emulated time; several: the job's replicas as workers, for real.
     return (gba_processes if num_processes > 1 else gba_emulated).train_and_evaluate(config, workdir)
+  traffic = network.TrafficCounter()  # Bytes this process puts on the wire (null on 127.0.0.1).
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   num_replicas, batch_size = config.num_replicas, config.batch_size
@@ -218,6 +220,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   eval_metrics = evaluation.evaluate(config, consensus, params_R, eval_source)
   local_examples_per_sec = timed_steps * num_local * batch_size / timed_seconds if timed_seconds > 0 else 0.0
   examples_per_sec_per_process = [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]
+  net_bytes_sent, net_bytes_received = (network.per_process(count) for count in traffic.bytes())
   summary = {
     'eval_ne': eval_metrics['ne'],
     'eval_auc': eval_metrics['auc'],
@@ -227,6 +230,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     'eval_ne_per_replica': eval_metrics.get('ne_per_replica'),
     'examples_per_sec': sum(examples_per_sec_per_process) if timed_seconds > 0 else None,
     'examples_per_sec_per_process': examples_per_sec_per_process,
+    'net_bytes_sent': net_bytes_sent,  # Per process; null on 127.0.0.1 (parallel/network.py).
+    'net_bytes_received': net_bytes_received,
     'train_examples': step * examples_per_step,
     'train_steps': step,
     'resumed_from_step': start_step,

@@ -50,6 +50,7 @@ def test_tiny_run_learns_and_writes_the_summary(one_replica_run):
   assert summary['bayes_ne'] < summary['eval_ne'] < 0.93, summary
   assert summary['eval_auc'] > 0.7, summary
   assert summary['examples_per_sec'] > 0
+  assert on_disk['net_bytes_sent'] == on_disk['net_bytes_received'] == [None]  # One process: no network.
 
 
 def test_metrics_stream_is_written(one_replica_run):

@@ -209,6 +209,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   summary.update(
     {
       'real_time_s': real_seconds,
+      'net_bytes_sent': [None],  # One process: nothing crosses a network.
+      'net_bytes_received': [None],
       'emulated_time_s': float(emulation.now),
       'emulated_examples_per_sec': float(trained_examples / emulation.now) if emulation.now > 0 else None,
       'sync_sgd_emulated_time_s': sync_time_s,

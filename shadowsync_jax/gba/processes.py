@@ -45,6 +45,7 @@ from shadowsync_jax.metrics import progress
 from shadowsync_jax.metrics import writer as metric_writer
 from shadowsync_jax.model import dlrm
 from shadowsync_jax.model import step as step_lib
+from shadowsync_jax.parallel import network
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.parallel import straggler
 from shadowsync_jax.recovery import checkpointing
@@ -273,6 +274,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   newest checkpoint in `workdir` (one of sync_sgd's too); returns the summary (process 0 writes summary.json), or
   {'stopped_at_step': step} when `config.train.stop_at_step` stops it early."""
   wall_start = time.perf_counter()
+  traffic = network.TrafficCounter()  # Bytes this process puts on the wire (null on 127.0.0.1).
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   num_processes, process_index = jax.process_count(), jax.process_index()
@@ -366,11 +368,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   eval_metrics = evaluation.evaluate(config, params, None, eval_source)
   local_examples_per_sec = busy_steps * num_local * batch_size / busy_s if busy_s > 0 else 0.0
   examples_per_sec_per_process = [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]
+  net_bytes_sent, net_bytes_received = (network.per_process(count) for count in traffic.bytes())
   summary = server_lib.server_summary(
     config, eval_metrics, server, start_step, examples_per_sec_per_process, lost_tokens
   )
   summary.update(
     {
+      'net_bytes_sent': net_bytes_sent,  # Per process; null on 127.0.0.1 (parallel/network.py).
+      'net_bytes_received': net_bytes_received,
       'consensus_fingerprint_per_process': replicas.fingerprints_per_process(params),
       'straggler_sleep_s': delay.slept_s,
       'exchange_rounds': rounds,

@@ -88,6 +88,16 @@ def per_process(count: int | None) -> list[int | None]:
   replicas.check_collective_thread('gathering byte counts')
   if jax.process_count() == 1:
     return [count]
-  halves = np.array([-1, -1] if count is None else [count >> _LOW_BITS, count & (2**_LOW_BITS - 1)], np.int32)
-  gathered = np.asarray(multihost_utils.process_allgather(halves))
-  return [None if high < 0 else (int(high) << _LOW_BITS) + int(low) for high, low in gathered]
+  return [from_halves(halves) for halves in np.asarray(multihost_utils.process_allgather(to_halves(count)))]
+
+
+def to_halves(count: int | None) -> np.ndarray:
+  """`count` as two int32 (JAX gathers no 64-bit integers); None as [-1, -1]."""
+  if count is None:
+    return np.array([-1, -1], np.int32)
+  return np.array([count >> _LOW_BITS, count & (2**_LOW_BITS - 1)], np.int32)
+
+
+def from_halves(halves: np.ndarray) -> int | None:
+  high, low = (int(x) for x in halves)
+  return None if high < 0 else (high << _LOW_BITS) + low
