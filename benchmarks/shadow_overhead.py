@@ -1,15 +1,18 @@
 r"""What the shadow thread costs the trainers: the sync study's examples/sec ratio, measured in paired windows.
 
-  python -m benchmarks.shadow_overhead --min_interval_s=0.2 [--algorithms=shadow_ma,shadow_ea,shadow_bmuf] \
-      [--window_steps=150] [--pairs=40] [--num_replicas=8] [--batch_size=64] [--tiny] \
-      [--out=benchmarks/results/shadow_overhead.md]
+  python -m benchmarks.shadow_overhead [--algorithms=shadow_ma,shadow_ea,shadow_bmuf] [--window_steps=150] \
+      [--pairs=40] [--num_replicas=8] [--batch_size=64] [--min_interval_s=auto|SECONDS] [--max_overhead=0.05] \
+      [--tiny] [--out=benchmarks/results/shadow_overhead.md]
 
 For each algorithm, one run of the default config (as in `benchmarks.sync_study`) whose windows alternate between
-the background thread running and not (`shadow_overhead.measure`). Prints a markdown table: examples/sec without
-and with the thread (medians over the windows), their ratio per pair (median, quartiles), rounds and mean sync gap;
-writes it to `--out`. The issue's target is a ratio of at least 0.95. Single pairs scatter by about 10% on a
-shared machine; 40 pairs put the median within about 1.5% (7 minutes for the three algorithms here). The interval
-of the median is distribution-free (`shadow_overhead.median_interval`, the sign test; about 96% for 40 pairs).
+the background thread running and not (`shadow_overhead.measure`). The rounds keep the default pace,
+`sync.min_interval_s='auto'` (paced to cost at most `sync.max_overhead`, 0.05, of the trainers' throughput), unless
+a flag sets it. Prints a markdown table: examples/sec without and with the thread (medians over the windows), their
+ratio per pair (median, quartiles), rounds, mean sync gap, and the pace the rounds settled on with the round cost it
+came from; writes it to `--out`, with every setting changed from the defaults. The issue's target is a ratio of at
+least 0.95. Single pairs scatter by about 10% on a shared machine; 40 pairs put the median within about 1.5% (7
+minutes for the three algorithms here). The interval of the median is distribution-free
+(`shadow_overhead.median_interval`, the sign test; about 96% for 40 pairs).
 """
 
 import pathlib
@@ -19,10 +22,12 @@ from absl import logging
 import jax
 
 from shadowsync_jax import cli
+from shadowsync_jax import config as config_lib
 from shadowsync_jax.studies import report as study_report
 
 flags.DEFINE_list('algorithms', ['shadow_ma', 'shadow_ea', 'shadow_bmuf'], 'Shadow algorithms to measure.')
-flags.DEFINE_float('min_interval_s', 0.2, 'Least seconds between background rounds.')
+flags.DEFINE_string('min_interval_s', None, "sync.min_interval_s: seconds, or 'auto'; unset: the default ('auto').")
+flags.DEFINE_float('max_overhead', None, "sync.max_overhead ('auto' pace's budget); unset: the default (0.05).")
 flags.DEFINE_integer('window_steps', 150, 'Steps per window.')
 flags.DEFINE_integer('pairs', 40, 'Pairs of windows (one without the thread, one with it) per algorithm.')
 flags.DEFINE_integer('num_replicas', 8, 'Replicas (virtual CPU devices on a CPU machine).')
@@ -41,26 +46,39 @@ def _config(algorithm: str, steps: int):
   config.num_replicas = FLAGS.num_replicas
   config.batch_size = FLAGS.batch_size
   config.sync.algorithm = algorithm
-  config.sync.min_interval_s = FLAGS.min_interval_s
+  if FLAGS.min_interval_s is not None:
+    config.sync.min_interval_s = config_lib.min_interval_from_text(FLAGS.min_interval_s)
+  if FLAGS.max_overhead is not None:
+    config.sync.max_overhead = FLAGS.max_overhead
   config.sync.what = FLAGS.what
   config.sync.embedding_placement = FLAGS.embedding_placement
   config.data.num_train_examples = steps * FLAGS.num_replicas * FLAGS.batch_size
   return config
 
 
+def _changed_settings(config) -> str:
+  """Every key of `config` that differs from the default config's, as key=value (sync.algorithm: per row)."""
+  from experiments.configs import default  # pylint: disable=g-import-not-at-top
+
+  base = config_lib.flat_keys(default.get_config('tiny' if FLAGS.tiny else ''))
+  changed = [f'{k}={v}' for k, v in config_lib.flat_keys(config).items() if k != 'sync.algorithm' and base[k] != v]
+  return ', '.join(changed + ['sync.algorithm per row'])
+
+
 def _table(rows: dict[str, dict]) -> str:
   lines = [
     '| algorithm | examples/sec without the thread | with it | ratio (median) | interval of the median | '
-    'quartiles | rounds | mean sync gap |',
-    '|---|---|---|---|---|---|---|---|',
+    'quartiles | rounds | mean sync gap | pace (s) | round cost (ms) |',
+    '|---|---|---|---|---|---|---|---|---|---|',
   ]
   for name, r in rows.items():
     gap = '' if r['mean_sync_gap'] is None else f'{r["mean_sync_gap"]:.1f}'
+    cost = '' if r.get('sync_round_cost_s') is None else f'{1000 * r["sync_round_cost_s"]:.1f}'
     lines.append(
       f'| {name} | {r["examples_per_sec_without"]:,.0f} | {r["examples_per_sec_with"]:,.0f} | '
       f'{r["ratio_median"]:.3f} | {r["ratio_median_low"]:.3f}-{r["ratio_median_high"]:.3f} '
       f'({100 * r["ratio_median_coverage"]:.0f}%) | {r["ratio_q25"]:.3f}-{r["ratio_q75"]:.3f} | '
-      f'{r["sync_rounds"]} | {gap} |'
+      f'{r["sync_rounds"]} | {gap} | {r["sync_interval_s"]:.2f} | {cost} |'
     )
   return '\n'.join(lines)
 
@@ -79,11 +97,12 @@ def main(argv):
     print(f'{algorithm}: ratio {rows[algorithm]["ratio_median"]:.3f}', flush=True)
   table = _table(rows)
   print(table)
+  config = _config(FLAGS.algorithms[0], steps)
+  variant = 'tiny' if FLAGS.tiny else 'default'
   setup = (
-    f'{FLAGS.num_replicas} replicas x batch {FLAGS.batch_size}, default config, sync.what={FLAGS.what}, '
-    f'embedding_placement={FLAGS.embedding_placement}, '
-    f'min_interval_s={FLAGS.min_interval_s}; {FLAGS.pairs} pairs of {FLAGS.window_steps}-step windows per '
-    'algorithm, in one process, the order swapped every pair'
+    f'The {variant} config but {_changed_settings(config)}; {FLAGS.pairs} pairs of {FLAGS.window_steps}-step '
+    'windows per algorithm, in one process, the order swapped every pair. Pace: the interval between round starts '
+    "the rounds ended on; round cost: the trainers' time one round cost, as the driver measured it."
   )
   out = study_report.write(FLAGS.out, 'Shadow thread overhead', study_report.command_line(), table, rows, note=setup)
   print(f'written to {pathlib.Path(out)}')

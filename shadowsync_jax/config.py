@@ -10,6 +10,7 @@ every key (DESIGN §9) and a typo in a config file or a `--config.KEY=VALUE` ove
 """
 
 import difflib
+import math
 import os
 from typing import Any
 
@@ -125,7 +126,11 @@ def base_config() -> ml_collections.ConfigDict:
   config.sync = ml_collections.ConfigDict()
   config.sync.algorithm = 'none'  # One of SYNC_ALGORITHMS (DESIGN §3).
   config.sync.every_k_steps = 10  # Foreground algorithms: steps between blocking rounds.
-  config.sync.min_interval_s = 0.0  # Shadow algorithms: least seconds between background rounds.
+  # Shadow algorithms: least seconds between the starts of two background rounds, or 'auto': paced, as the run
+  # measures what rounds cost, to cost the trainers at most sync.max_overhead (sync/pacing.py). Typed `object` so
+  # that a number (--config.sync.min_interval_s=0.2) and 'auto' are both accepted.
+  config.sync.min_interval_s = ml_collections.FieldReference('auto', field_type=object)
+  config.sync.max_overhead = 0.05  # 'auto': the share of the trainers' examples/sec the rounds may cost.
   config.sync.elastic_alpha = 0.1  # ea: moving rate alpha; stable for alpha * R < 1.
   config.sync.block_momentum = -1.0  # bmuf: eta; negative = the default 1 - 1/R.
   config.sync.block_lr = 1.0  # bmuf: zeta, the block learning rate.
@@ -179,6 +184,19 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.eval_batch_size = 8192  # Examples per forward pass in evaluation.
   config.train.eval_per_replica = False  # Also evaluate every replica alone (summary: eval_ne_per_replica).
   return config
+
+
+def min_interval_from_text(text: str) -> float | str:
+  """`sync.min_interval_s` from a flag's text: 'auto', or seconds >= 0; ConfigError otherwise."""
+  if text == 'auto':
+    return text
+  try:
+    seconds = float(text)
+  except ValueError:
+    seconds = -1.0
+  if not (math.isfinite(seconds) and seconds >= 0):
+    raise ConfigError(f"sync.min_interval_s={text!r} must be 'auto' (paced to sync.max_overhead) or seconds >= 0.")
+  return seconds
 
 
 def resolve(config: ml_collections.ConfigDict, num_processes: int = 1) -> ml_collections.ConfigDict:
@@ -325,8 +343,12 @@ def _check_sync(config: ml_collections.ConfigDict) -> None:
       f'implemented: {", ".join(IMPLEMENTED_SYNC_ALGORITHMS)}.'
     )
   _check_positive(config, 'sync.every_k_steps', 'sync.block_lr')
-  if sync.min_interval_s < 0:
-    raise ConfigError(f'sync.min_interval_s={sync.min_interval_s} must be >= 0.')
+  interval = sync.min_interval_s
+  is_seconds = isinstance(interval, (int, float)) and not isinstance(interval, bool) and math.isfinite(interval)
+  if interval != 'auto' and not (is_seconds and interval >= 0):
+    raise ConfigError(f"sync.min_interval_s={interval!r} must be 'auto' (paced to sync.max_overhead) or seconds >= 0.")
+  if not 0 < sync.max_overhead < 1:
+    raise ConfigError(f'sync.max_overhead={sync.max_overhead} must be in (0, 1): a share of the throughput.')
   if not 0 < sync.elastic_alpha < 1:
     raise ConfigError(f'sync.elastic_alpha={sync.elastic_alpha} must be in (0, 1).')
   if sync.algorithm.endswith('_ea') and sync.elastic_alpha * config.num_replicas >= 1:

@@ -1,5 +1,6 @@
 """Errors a person can read: a refused config prints one line naming the key or file, exits 2, no traceback."""
 
+import json
 import os
 import pathlib
 import subprocess
@@ -61,11 +62,20 @@ def test_num_replicas_zero_means_one_replica_per_process():
     (['--config.sync.algoritm=fr_ma'], '--config.sync.algorithm'),
     (['--config.num_replicas=abc'], '--config.num_replicas=abc'),
     (['--config.sync.algorithm=fr_mx'], "sync.algorithm='fr_mx'"),
+    (['--config.sync.min_interval_s=soon'], "sync.min_interval_s='soon' must be 'auto'"),
     (['--config.num_replicas=9'], 'num_replicas=9'),
     (['--config.data.source=criteo', '--config.data.train_path=/no/such.tsv'], "data.train_path='/no/such.tsv'"),
     (['--config=experiments/configs/no_such.py'], "'experiments/configs/no_such.py' does not exist"),
   ],
-  ids=['key typo', 'value type', 'bad value', 'too many replicas', 'missing data file', 'missing config file'],
+  ids=[
+    'key typo',
+    'value type',
+    'bad value',
+    'bad interval',
+    'too many replicas',
+    'missing data file',
+    'missing config file',
+  ],
 )
 def test_train_refuses_a_bad_config_in_one_line_with_exit_status_2(tmp_path, args, names):
   result = _run('experiments.train', f'--workdir={tmp_path}', TINY, *args)
@@ -73,6 +83,31 @@ def test_train_refuses_a_bad_config_in_one_line_with_exit_status_2(tmp_path, arg
   lines = (result.stdout + result.stderr).strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('error: ') and names in lines[0], lines
   assert not list(tmp_path.iterdir()), 'nothing may be written for a refused config'
+
+
+@pytest.mark.parametrize('interval, expected', [('0.2', 0.2), ('auto', None)])
+def test_the_shadow_interval_is_seconds_or_auto_on_the_command_line(tmp_path, interval, expected):
+  """`sync.min_interval_s` defaults to the string 'auto'; a number still parses as seconds. The summary says which
+  pace the rounds kept (the paced one is measured, so only its presence is checked)."""
+  result = _run(
+    'experiments.train',
+    f'--workdir={tmp_path}',
+    TINY,
+    '--cpu_devices=2',
+    '--config.num_replicas=2',
+    '--config.sync.algorithm=shadow_ma',
+    f'--config.sync.min_interval_s={interval}',
+    '--config.data.num_train_examples=16384',
+    '--config.data.num_eval_examples=512',
+  )
+  assert result.returncode == 0, result.stderr
+  summary = json.loads((tmp_path / 'summary.json').read_text())
+  assert summary['config']['sync']['min_interval_s'] == (expected or 'auto')
+  assert summary['sync_rounds'] >= 1
+  if expected is not None:
+    assert summary['sync_interval_s'] == expected
+  else:
+    assert summary['sync_interval_s'] > 0 and summary['step_time_s'] > 0, summary
 
 
 def test_launch_prints_a_refused_config_once_and_exits_2(tmp_path):

@@ -66,11 +66,26 @@ def test_default_and_tiny_configs_are_valid_and_have_the_contract_keys(variant):
     ({'batch_size': 0}, 'batch_size'),
     ({'data__num_train_examples': 100}, 'data.num_train_examples'),
     ({'sync__block_momentum': 1.0}, 'sync.block_momentum'),
+    ({'sync__min_interval_s': -0.1}, 'sync.min_interval_s'),
+    ({'sync__min_interval_s': 'soon'}, 'sync.min_interval_s'),
+    ({'sync__min_interval_s': True}, 'sync.min_interval_s'),
+    ({'sync__max_overhead': 0.0}, 'sync.max_overhead'),
+    ({'sync__max_overhead': 1.0}, 'sync.max_overhead'),
   ],
 )
 def test_invalid_value_names_the_key(overrides, key):
   with pytest.raises(config_lib.ConfigError, match=key.replace('.', r'\.')):
     config_lib.validate(_config(**overrides), num_devices=8)
+
+
+def test_min_interval_s_is_auto_by_default_or_seconds():
+  config = default.get_config('tiny')
+  assert config.sync.min_interval_s == 'auto' and config.sync.max_overhead == 0.05
+  for seconds in (0, 0.2, 3):
+    config.sync.min_interval_s = seconds  # A number where the default is a string: the field takes both.
+    config_lib.validate(config, num_devices=8)
+  config.sync.min_interval_s = 'auto'
+  config_lib.validate(config, num_devices=8)
 
 
 def test_unknown_key_is_named():

@@ -9,7 +9,7 @@
     state_L = driver.pause(state_L); save(state_L); driver.resume(state_L)   # around the loop's own collectives
   state_L = driver.finish(state_L)             # ends the rounds (shadow: with every process) and joins the thread
   params = driver.consensus(state_L.params)    # the model to evaluate (DESIGN §3), whole on every device
-  driver.stats()                               # sync_rounds, mean/max sync gap, mean round latency
+  driver.stats()                               # sync_rounds, mean/max sync gap, mean round latency; shadow: the pace
 
 The train state `state_L` holds this process's replicas (`meshes.local`); rounds and the consensus run over all
 the job's replicas (`meshes.job`, the same mesh in a one-process job), so the sync state `sync_state_R` is a
@@ -78,7 +78,7 @@ def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshe
   if mode == 'fr':
     return foreground.ForegroundSync(algorithm, name, meshes, groups, sync.every_k_steps)
   if mode == 'shadow':
-    return shadow.ShadowSync(algorithm, name, meshes, groups, sync.min_interval_s)
+    return shadow.ShadowSync(algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead)
   raise ValueError(f'sync.algorithm={sync.algorithm!r} has no driver.')
 
 
@@ -117,6 +117,7 @@ class RestartedSync:
     return self._driver.consensus(params_L)
 
   def stats(self) -> dict[str, Any]:
+    """The rounds of every driver, and the rest (a shadow driver's pace) of the current one."""
     every = self._previous + [self._driver.stats()]
     rounds = [s['sync_rounds'] for s in every]
 
@@ -127,6 +128,7 @@ class RestartedSync:
 
     gaps = [s['max_sync_gap'] for s in every if s['max_sync_gap'] is not None]
     return {
+      **every[-1],
       'sync_rounds': sum(rounds),
       'mean_sync_gap': weighted_mean('mean_sync_gap'),
       'max_sync_gap': max(gaps) if gaps else None,

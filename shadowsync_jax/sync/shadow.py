@@ -1,6 +1,6 @@
 """ShadowSync (Zheng et al. 2020, arXiv:2003.03477): sync rounds in a background thread, off the training path.
 
-  driver = ShadowSync(algorithm, 'ma', meshes, groups=('mlp',), min_interval_s=0.0)
+  driver = ShadowSync(algorithm, 'ma', meshes, groups=('mlp',), min_interval_s='auto', max_overhead=0.05)
   driver.start(state_L, driver.initial_sync_state(state_L))   # starts the thread
   for step in ...:
     state_L, _ = train_step(state_L, batch_L)    # no cross-replica collective in here
@@ -12,6 +12,11 @@ synced params (a copy, so donating the params to the next step cannot delete wha
 over; the thread computes the synced `s'` (its collectives are the only ones) and posts `(s, s')`; at the next step
 boundary after that, the loop merges `w <- w + (s' - s)`, keeping the local steps made while the round ran. An
 exception in the thread is re-raised by `after_step` at the first step boundary after it happened.
+
+Pace: a round starts no sooner than `min_interval_s` after the last one started. With 'auto' the interval is paced
+(`pacing.Pacer`): the training thread times every step, those a round ran beside and those between rounds, and
+spaces the rounds so that they cost the trainers at most `max_overhead` of their throughput; the thread waits for the
+interval as it stands while it waits. `stats()` reports the pace and what it came from.
 
 Several processes: each runs one such thread, and the threads are the only issuers of cross-process collectives
 (DESIGN §3), one round after the other, so round n of every process meets round n of the others. A process whose
@@ -35,11 +40,15 @@ import numpy as np
 
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
+from shadowsync_jax.sync import pacing
 from shadowsync_jax.sync import rounds
 
 PyTree = Any
 _POLL_S = 0.05  # How often a waiting thread checks whether it was asked to stop.
 _ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
+# Steps after a snapshot hand-over or a merge that still carry its cost: the loop reads a step's result one step
+# late, so the copy or merge dispatched at a boundary delays the step read back two boundaries later.
+_TAIL_STEPS = 2
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -71,7 +80,8 @@ def _all_done_agreement(meshes: replicas.ReplicaMeshes):
 
 
 class ShadowSync:
-  """`shadow_*`: one background thread loops rounds, no faster than one per `min_interval_s`."""
+  """`shadow_*`: one background thread loops rounds, no faster than one per `min_interval_s` (seconds, or 'auto':
+  paced to cost at most `max_overhead` of the trainers' throughput)."""
 
   def __init__(
     self,
@@ -79,9 +89,15 @@ class ShadowSync:
     name: str,
     meshes: replicas.ReplicaMeshes,
     groups: tuple[str, ...],
-    min_interval_s: float = 0.0,
+    min_interval_s: float | str = 'auto',
+    max_overhead: float = 0.05,
   ):
-    self._name, self._meshes, self._groups, self._min_interval_s = name, meshes, groups, min_interval_s
+    self._name, self._meshes, self._groups = name, meshes, groups
+    self._pacer = pacing.Pacer(max_overhead, None if min_interval_s == 'auto' else float(min_interval_s))
+    self._interval_s = self._pacer.interval_s()  # Written by the training thread, read by the shadow thread.
+    self._last_boundary_s: float | None = None  # When the last timed step boundary was.
+    self._in_flight = False  # A snapshot was handed over and its round not merged yet.
+    self._tail_steps = 0  # Steps left that carry the last hand-over's or merge's cost.
     self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job)
     self._consensus_R = algorithms.stacked_consensus(name, meshes.job)
     self._all_done = _all_done_agreement(meshes)
@@ -106,6 +122,7 @@ class ShadowSync:
     self._compile_rounds(state_L, sync_state_R)
     self._sync_state_R = sync_state_R
     self._gaps.reset(int(state_L.step[0]))
+    self._last_boundary_s, self._in_flight, self._tail_steps = None, False, 0
     self._stop.clear()
     self._done.clear()
     self._snapshot_wanted.clear()
@@ -128,9 +145,17 @@ class ShadowSync:
     self._compiled = True
 
   def after_step(self, step: int, state_L: Any) -> Any:
-    """At a step boundary: raise the thread's error, merge a finished round, hand over a wanted snapshot."""
+    """At a step boundary: raise the thread's error, time the step for the pace, merge a finished round, hand over
+    a wanted snapshot."""
     self._raise_if_failed()
-    return self._step_boundary(state_L, step)
+    now = time.perf_counter()
+    if self._last_boundary_s is not None:
+      self._pacer.observe_step(now - self._last_boundary_s, in_round=self._in_flight or self._tail_steps > 0)
+    self._tail_steps = max(0, self._tail_steps - 1)
+    state_L = self._step_boundary(state_L, step)
+    self._interval_s = self._pacer.interval_s()
+    self._last_boundary_s = now
+    return state_L
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds and joins the thread; raises its error if it failed.
@@ -139,6 +164,7 @@ class ShadowSync:
     stream, and the rounds finished meanwhile are merged (they count as rounds, not as sync gaps). `abandon` (the run is
     failing) drops the round in flight and returns within seconds, without raising the thread's error.
     """
+    self._last_boundary_s = None  # What comes before the next step (a save, the end) is no step time.
     if self._thread is None:
       return state_L
     if abandon:  # The thread may be stuck in a collective with a dead process: wait a little, not forever.
@@ -176,7 +202,8 @@ class ShadowSync:
     return rounds.consensus(self._consensus_R, self._groups, params_L, self._sync_state_R, self._meshes)
 
   def stats(self) -> dict[str, Any]:
-    return self._gaps.stats()
+    """The rounds and sync gaps (`rounds.GapTracker`) and the pace (`pacing.Pacer.stats`)."""
+    return {**self._gaps.stats(), **self._pacer.stats()}
 
   def sync_state(self) -> PyTree:
     """The sync state of the last merged round, so it matches the params `after_step` returned (safe to save)."""
@@ -206,9 +233,13 @@ class ShadowSync:
       state_L = state_L._replace(params=rounds.with_synced(state_L.params, synced_groups))
       self._sync_state_R = sync_state_R
       self._gaps.merged(step, latency_s)
+      self._in_flight, self._tail_steps = False, _TAIL_STEPS
+      if step is not None:
+        self._pacer.observe_round(latency_s)
     if self._snapshot_wanted.is_set():
       self._snapshot_wanted.clear()
       self._snapshots.put((_copy(rounds.select(state_L.params, self._groups)), self._done.is_set()))
+      self._in_flight, self._tail_steps = True, _TAIL_STEPS
     return state_L
 
   def _run(self) -> None:
@@ -227,10 +258,19 @@ class ShadowSync:
         jax.block_until_ready(synced_L)
         if not self._put_result((snapshot_L, synced_L, sync_state_R, time.perf_counter() - started)) or all_done:
           return
-        self._stop.wait(max(0.0, self._min_interval_s - (time.monotonic() - round_start)))
+        self._wait_for_the_next_round(round_start)
     except BaseException as error:  # pylint: disable=broad-except  (handed to the training thread as it is)
       self._error = error
       self._failed.set()
+
+  def _wait_for_the_next_round(self, round_start: float) -> None:
+    """Until `_interval_s` (which the training thread may change meanwhile) after `round_start`; at once when this
+    process is done, so that `finish` does not wait out the pace."""
+    while not (self._stop.is_set() or self._done.is_set()):
+      remaining_s = self._interval_s - (time.monotonic() - round_start)
+      if remaining_s <= 0:
+        return
+      self._stop.wait(min(remaining_s, _POLL_S))
 
   def _next_snapshot(self) -> PyTree | None:
     self._snapshot_wanted.set()

@@ -176,7 +176,10 @@ def test_make_driver_dense_only_and_its_settings():
   driver = sync_drivers.make_driver(config, replicas.make_meshes(4))
   assert driver._groups == ('mlp',) and driver._every == 7  # pylint: disable=protected-access
   driver = sync_drivers.make_driver(_config('shadow_ma', min_interval_s=0.25), replicas.make_meshes(4))
-  assert driver._min_interval_s == 0.25  # pylint: disable=protected-access
+  assert driver.stats()['sync_interval_s'] == 0.25
+  driver = sync_drivers.make_driver(_config('shadow_ma', max_overhead=0.2), replicas.make_meshes(4))
+  pacer = driver._pacer  # pylint: disable=protected-access
+  assert pacer.fixed_interval_s is None and pacer.max_overhead == 0.2  # min_interval_s='auto', the default.
 
 
 def test_no_sync_stats():

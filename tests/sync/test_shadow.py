@@ -422,3 +422,47 @@ def test_only_the_shadow_thread_may_issue_job_wide_collectives():
   loop.state = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   consensus = replicas.fetch(loop.driver.consensus(loop.state.params))  # After finish: the training thread's again.
   _assert_tree_close(consensus, jax.tree.map(lambda w: np.asarray(w).mean(axis=0), loop.state.params), 'consensus')
+
+
+def test_steps_beside_a_round_and_between_rounds_are_timed_apart(monkeypatch):
+  """The pace comes from step times: those made while a round is in flight, and the two after it is merged (they
+  carry the merge), count as in the round; those while the thread waits for its next round count as between."""
+  loop = Loop(_driver('ma', 4, min_interval_s=1000.0), 4)  # One round, then the thread waits.
+  with _holding_rounds(loop.driver, monkeypatch) as held:
+    _start(loop)
+    loop.advance_until(held.entered.is_set, 'the first snapshot')
+    loop.run(10)
+  loop.wait_for_rounds(1)
+  loop.run(10)
+  pacer = loop.driver._pacer  # pylint: disable=protected-access
+  (first,) = pacer._rounds  # pylint: disable=protected-access
+  assert first.in_round_steps >= 10 and first.between_steps == 0, first
+  since = pacer._open  # pylint: disable=protected-access
+  assert (since.in_round_steps, since.between_steps) == (2, 8), since
+  stats = loop.driver.stats()
+  assert stats['sync_interval_s'] == 1000.0 and stats['step_time_s'] > 0 and stats['step_time_in_round_s'] > 0
+
+
+def test_finish_does_not_wait_out_the_pace():
+  loop = Loop(_driver('ma', 4, min_interval_s=1000.0), 4)
+  thread = _start(loop)
+  loop.wait_for_rounds(1)
+  started = time.monotonic()
+  final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  assert not thread.is_alive() and time.monotonic() - started < 10.0
+  assert loop.driver.stats()['sync_rounds'] == 2  # The last round, on the final params, still ran.
+  _assert_tree_close(
+    final.params, jax.tree.map(lambda w: np.broadcast_to(w.mean(axis=0), w.shape), loop.unsynced(loop.step)), 'end'
+  )
+
+
+def test_auto_paces_the_rounds_and_reports_the_pace():
+  """'auto' (the default): the first round starts at once, later ones wait for the paced interval; the stats say
+  what it settled on and what it came from."""
+  loop = Loop(_driver('ma', 4, min_interval_s='auto'), 4)
+  _start(loop)
+  loop.wait_for_rounds(4)
+  stats = loop.driver.stats()
+  _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  assert stats['sync_interval_s'] > 0 and stats['step_time_s'] > 0, stats
+  assert stats['sync_round_cost_s'] is not None and stats['sync_overhead_estimate'] is not None, stats

@@ -1,0 +1,146 @@
+"""Shadow rounds that pace themselves (sync.pacing): the interval from measured step times and round costs.
+
+Fed with made-up measurements, no clock: a round's cost against the steps between rounds gives the interval
+exactly; the interval grows when a round costs more or runs longer (a slower link); and in a simulated run, where
+the pacer's interval decides when each round starts, the throughput lost stays within the budget and uses most of it.
+"""
+
+import pytest
+
+from shadowsync_jax.sync import pacing
+
+STEP_S = 0.010
+
+
+def _round(pacer: pacing.Pacer, between_steps: int, in_round_steps: int, in_round_step_s: float, latency_s=0.02):
+  for _ in range(between_steps):
+    pacer.observe_step(STEP_S, in_round=False)
+  for _ in range(in_round_steps):
+    pacer.observe_step(in_round_step_s, in_round=True)
+  pacer.observe_round(latency_s)
+
+
+def test_the_first_round_starts_at_once_then_one_that_stopped_training_is_assumed():
+  pacer = pacing.Pacer(max_overhead=0.05)
+  assert pacer.interval_s() == 0.0
+  _round(pacer, between_steps=0, in_round_steps=2, in_round_step_s=STEP_S, latency_s=0.03)
+  assert pacer.round_cost_s() is None  # No step between rounds measured yet.
+  assert pacer.interval_s() == pytest.approx(0.03 / 0.05)
+  for _ in range(pacing.MIN_STEPS_MEASURED):  # Steps while the thread waits: the estimate takes over at once.
+    pacer.observe_step(STEP_S, in_round=False)
+  assert pacer.interval_s() < 0.03 / 0.05
+
+
+def test_the_interval_is_the_cost_of_a_round_over_the_budget():
+  pacer = pacing.Pacer(max_overhead=0.05)
+  for _ in range(4):
+    _round(pacer, between_steps=20, in_round_steps=5, in_round_step_s=0.014)
+  cost_s = 5 * (0.014 - STEP_S)
+  assert pacer.step_time_s() == pytest.approx(STEP_S)
+  assert pacer.round_cost_s() == pytest.approx(cost_s)
+  assert pacer.interval_s() == pytest.approx(cost_s / 0.05)
+  stats = pacer.stats()
+  assert stats['sync_interval_s'] == pytest.approx(0.4)
+  assert stats['step_time_in_round_s'] == pytest.approx(0.014)
+  assert stats['sync_overhead_estimate'] == pytest.approx(cost_s / (20 * STEP_S + 5 * 0.014))
+  assert pacing.Pacer(0.10).interval_s() == 0.0
+  looser = pacing.Pacer(max_overhead=0.10)
+  for _ in range(4):
+    _round(looser, between_steps=20, in_round_steps=5, in_round_step_s=0.014)
+  assert looser.interval_s() == pytest.approx(cost_s / 0.10)
+
+
+def test_rounds_slow_down_as_their_cost_grows_and_follow_it_back():
+  pacer = pacing.Pacer(max_overhead=0.05, window_rounds=8)
+  for _ in range(8):
+    _round(pacer, between_steps=20, in_round_steps=5, in_round_step_s=0.012)
+  cheap_s = pacer.interval_s()
+  intervals = []
+  for _ in range(8):  # Each round's steps now take twice the extra time.
+    _round(pacer, between_steps=20, in_round_steps=5, in_round_step_s=0.014)
+    intervals.append(pacer.interval_s())
+  assert all(b > a for a, b in zip([cheap_s, *intervals], intervals)), intervals
+  assert intervals[-1] == pytest.approx(2 * cheap_s)  # Once the window holds only the dearer rounds.
+  for _ in range(8):
+    _round(pacer, between_steps=20, in_round_steps=5, in_round_step_s=0.012)
+  assert pacer.interval_s() == pytest.approx(cheap_s)
+
+
+def test_a_slower_link_spaces_the_rounds_further():
+  """Same slowdown of each step beside a round, but a round in flight for 4x the steps (its bytes take 4x as long
+  on the wire): 4x the cost, 4x the interval."""
+  fast, slow = pacing.Pacer(0.05), pacing.Pacer(0.05)
+  for _ in range(6):
+    _round(fast, between_steps=30, in_round_steps=4, in_round_step_s=0.012)
+    _round(slow, between_steps=30, in_round_steps=16, in_round_step_s=0.012)
+  assert slow.interval_s() == pytest.approx(4 * fast.interval_s())
+
+
+def test_rounds_that_cost_nothing_still_leave_steps_between_them():
+  pacer = pacing.Pacer(max_overhead=0.05)
+  for _ in range(4):
+    _round(pacer, between_steps=3, in_round_steps=6, in_round_step_s=STEP_S * 0.99)  # Noise: "faster" in rounds.
+  assert pacer.round_cost_s() == 0.0
+  assert pacer.interval_s() == pytest.approx(6 * STEP_S * 0.99 + pacing.STEPS_BETWEEN_ROUNDS * STEP_S)
+
+
+def test_a_fixed_interval_is_kept_and_still_measured():
+  pacer = pacing.Pacer(max_overhead=0.05, fixed_interval_s=0.2)
+  assert pacer.interval_s() == 0.2
+  for _ in range(3):
+    _round(pacer, between_steps=20, in_round_steps=5, in_round_step_s=0.014)
+  assert pacer.interval_s() == 0.2
+  assert pacer.stats()['sync_round_cost_s'] == pytest.approx(5 * 0.004)
+
+
+@pytest.mark.parametrize(
+  'kwargs, message',
+  [
+    ({'max_overhead': 0.0}, 'max_overhead'),
+    ({'max_overhead': 1.0}, 'max_overhead'),
+    ({'max_overhead': 0.05, 'fixed_interval_s': -1.0}, 'fixed_interval_s'),
+    ({'max_overhead': 0.05, 'window_rounds': 0}, 'window_rounds'),
+  ],
+)
+def test_bad_settings_are_refused(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    pacing.Pacer(**kwargs)
+
+
+def _simulate(pacer: pacing.Pacer, num_steps: int, slowdown_at, round_steps: int) -> tuple[float, int]:
+  """A training loop and its shadow thread in made-up time, as `shadow.ShadowSync` times them: a step takes
+  STEP_S, or STEP_S x slowdown_at(step) while a round is in flight or in its two tail steps; a round is handed its
+  snapshot at the first boundary `interval_s()` after the last one started, and is merged `round_steps` steps
+  later. Returns (the share of throughput lost, rounds)."""
+  now_s, last_start_s, left, tail, rounds = 0.0, None, 0, 0, 0
+  for step in range(num_steps):
+    in_flight = left > 0
+    if not in_flight and (last_start_s is None or now_s - last_start_s >= pacer.interval_s()):
+      last_start_s, left, tail, in_flight = now_s, round_steps, 2, True
+    in_round = in_flight or tail > 0
+    seconds = STEP_S * (slowdown_at(step) if in_round else 1.0)
+    pacer.observe_step(seconds, in_round)
+    now_s += seconds
+    tail = max(0, tail - 1)
+    if in_flight:
+      left -= 1
+      if left == 0:
+        pacer.observe_round(latency_s=round_steps * STEP_S)
+        tail, rounds = 2, rounds + 1
+  return 1.0 - num_steps * STEP_S / now_s, rounds
+
+
+@pytest.mark.parametrize('slowdown, round_steps', [(1.5, 3), (2.0, 10), (1.2, 40)])
+def test_a_paced_run_loses_about_its_budget_and_no_more(slowdown, round_steps):
+  pacer = pacing.Pacer(max_overhead=0.05)
+  lost, rounds = _simulate(pacer, 20_000, lambda step: slowdown, round_steps)
+  assert rounds > 50
+  assert 0.035 < lost <= 0.052, (lost, pacer.stats())
+
+
+def test_a_paced_run_follows_a_round_cost_that_doubles():
+  pacer = pacing.Pacer(max_overhead=0.05)
+  _, rounds_cheap = _simulate(pacer, 20_000, lambda step: 1.5, round_steps=5)
+  lost, rounds_dear = _simulate(pacer, 20_000, lambda step: 2.0, round_steps=5)
+  assert rounds_dear < 0.6 * rounds_cheap, (rounds_cheap, rounds_dear)
+  assert lost <= 0.052, (lost, pacer.stats())
