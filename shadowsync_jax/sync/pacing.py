@@ -4,11 +4,12 @@ r"""Shadow rounds that pace themselves: the least interval between rounds that k
   pacer.observe_step(seconds, in_round=True)   # the training thread, at every step boundary
   pacer.observe_round(latency_s)               # a round was merged
   pacer.interval_s()                           # least seconds from one round's start to the next
-  pacer.stats()                                # sync_interval_s, sync_round_cost_s, step times, the overhead estimate
+  pacer.stats()                                # sync_interval_s, sync_round_cost_s, step times, overhead estimate
 
-A round costs the trainers the time their steps lose to it. The steps made while it is in flight, and the two after
-it hands its snapshot over or merges (they carry the snapshot copy and the merge: the training loop reads a step's
-result one step late), take longer than the steps between rounds. Over the last `window_rounds` rounds, with t the
+A round costs the trainers the time their steps lose to it. The steps made while it is in flight, and the three
+after its snapshot is handed over or it is merged (they carry the snapshot copy and the merge, which the training
+loop sees late: it waits for a step's result one step after dispatching the next), take longer than the steps between
+rounds. Over the last `window_rounds` rounds, with t the
 mean step time between rounds,
 
   cost of a round   c = (sum of the in-round step times - their count x t) / rounds
@@ -18,18 +19,24 @@ mean step time between rounds,
 Measured as the run goes, the interval follows what a round costs here and now: a round that costs more (a bigger
 model, a busier machine, a link whose traffic takes the trainers' cores) is spaced further apart; a slower link
 makes a round longer, so more steps run beside it and c grows with them, and a round never starts before the last
-one is merged. Two guards keep the estimate honest: until steps between rounds have been measured, a round is taken
-to stop training for its whole latency (c = latency); and rounds stay far enough apart that a few steps between
-them keep being measured (at least a round's in-round time plus `STEPS_BETWEEN_ROUNDS` steps).
+one is merged. Three guards keep the estimate honest. A measured cost is noisy (steps on a shared machine scatter by
+10% and more), and a pace aimed at the mean would exceed the budget half the time: the pace uses an upper bound of
+c, its mean plus two standard errors (from the spread of the rounds' costs and of the steps between rounds), so a
+noisy machine spaces rounds further and a steady one gets close to the budget. Until steps between rounds have been
+measured, a round is taken to stop training for its whole latency (c = latency). And rounds stay far enough apart
+that a few steps between them keep being measured (at least a round's in-round time plus `STEPS_BETWEEN_ROUNDS`
+steps).
 
 Pure bookkeeping, no clock and no threads: the driver (`shadow.ShadowSync`) feeds it what it timed.
 """
 
 import collections
+import math
 from typing import Any, NamedTuple
 
 STEPS_BETWEEN_ROUNDS = 3  # The least interval leaves room for this many steps between rounds.
 MIN_STEPS_MEASURED = 5  # Steps between rounds before their mean time is trusted.
+CONFIDENCE_Z = 2.0  # The pace uses the cost's mean plus this many standard errors (about a 97.5% upper bound).
 
 
 class _Round(NamedTuple):
@@ -38,6 +45,22 @@ class _Round(NamedTuple):
   in_round_s: float = 0.0
   in_round_steps: int = 0
   between_s: float = 0.0
+  between_sq_s2: float = 0.0  # Sum of the squared step times, for their spread.
+  between_steps: int = 0
+  latency_s: float = 0.0
+
+
+class _Window(NamedTuple):
+  """Sums over the rounds in the window, so that the pace costs the training thread a few microseconds a step."""
+
+  rounds: int = 0
+  in_round_s: float = 0.0
+  in_round_steps: int = 0
+  in_round_sq_s2: float = 0.0  # Of each round's in-round seconds.
+  in_round_s_x_steps: float = 0.0
+  in_round_steps_sq: int = 0
+  between_s: float = 0.0
+  between_sq_s2: float = 0.0
   between_steps: int = 0
   latency_s: float = 0.0
 
@@ -45,7 +68,7 @@ class _Round(NamedTuple):
 class Pacer:
   """The interval between shadow rounds from their measured cost (module docstring)."""
 
-  def __init__(self, max_overhead: float, fixed_interval_s: float | None = None, window_rounds: int = 16):
+  def __init__(self, max_overhead: float, fixed_interval_s: float | None = None, window_rounds: int = 32):
     """`max_overhead`: the share of the trainers' throughput rounds may cost; `fixed_interval_s`: an interval set
     by hand instead (the pacer then only measures); `window_rounds`: how many recent rounds the estimates use."""
     if not 0 < max_overhead < 1:
@@ -56,59 +79,91 @@ class Pacer:
       raise ValueError(f'window_rounds={window_rounds} must be >= 1.')
     self.max_overhead, self.fixed_interval_s = max_overhead, fixed_interval_s
     self._rounds: collections.deque[_Round] = collections.deque(maxlen=window_rounds)
+    self._window = _Window()
     self._open = _Round()  # The steps since the last merge.
 
   def observe_step(self, seconds: float, in_round: bool) -> None:
     """A training step took `seconds` (boundary to boundary); `in_round`: a round was in flight or touched it."""
-    open_ = self._open
+    r = self._open
     if in_round:
-      self._open = open_._replace(in_round_s=open_.in_round_s + seconds, in_round_steps=open_.in_round_steps + 1)
+      self._open = r._replace(in_round_s=r.in_round_s + seconds, in_round_steps=r.in_round_steps + 1)
     else:
-      self._open = open_._replace(between_s=open_.between_s + seconds, between_steps=open_.between_steps + 1)
+      self._open = r._replace(
+        between_s=r.between_s + seconds, between_sq_s2=r.between_sq_s2 + seconds**2, between_steps=r.between_steps + 1
+      )
 
   def observe_round(self, latency_s: float) -> None:
     """A round was merged; it took `latency_s` from its snapshot to its result."""
     self._rounds.append(self._open._replace(latency_s=latency_s))
     self._open = _Round()
+    rounds = self._rounds
+    self._window = _Window(
+      rounds=len(rounds),
+      in_round_s=sum(r.in_round_s for r in rounds),
+      in_round_steps=sum(r.in_round_steps for r in rounds),
+      in_round_sq_s2=sum(r.in_round_s**2 for r in rounds),
+      in_round_s_x_steps=sum(r.in_round_s * r.in_round_steps for r in rounds),
+      in_round_steps_sq=sum(r.in_round_steps**2 for r in rounds),
+      between_s=sum(r.between_s for r in rounds),
+      between_sq_s2=sum(r.between_sq_s2 for r in rounds),
+      between_steps=sum(r.between_steps for r in rounds),
+      latency_s=sum(r.latency_s for r in rounds),
+    )
 
   def step_time_s(self) -> float | None:
     """Mean time of a step between rounds, or None until `MIN_STEPS_MEASURED` were."""
-    steps = sum(r.between_steps for r in self._rounds) + self._open.between_steps
-    if steps < MIN_STEPS_MEASURED:
-      return None
-    return (sum(r.between_s for r in self._rounds) + self._open.between_s) / steps
+    steps = self._window.between_steps + self._open.between_steps
+    return (self._window.between_s + self._open.between_s) / steps if steps >= MIN_STEPS_MEASURED else None
 
   def round_cost_s(self) -> float | None:
     """The trainers' time one round costs (c above), or None before a round and a step time were measured."""
-    step_s = self.step_time_s()
-    if not self._rounds or step_s is None:
+    w, step_s = self._window, self.step_time_s()
+    if not w.rounds or step_s is None:
       return None
-    extra_s = sum(r.in_round_s - r.in_round_steps * step_s for r in self._rounds)
-    return max(0.0, extra_s / len(self._rounds))
+    return max(0.0, (w.in_round_s - w.in_round_steps * step_s) / w.rounds)
+
+  def round_cost_bound_s(self) -> float | None:
+    """The cost's upper bound the pace uses: its mean plus `CONFIDENCE_Z` standard errors, from the spread of the
+    rounds' costs and of the steps between rounds (a lone round counts as uncertain as it is large)."""
+    w, step_s = self._window, self.step_time_s()
+    if not w.rounds or step_s is None:
+      return None
+    mean_s = (w.in_round_s - w.in_round_steps * step_s) / w.rounds  # Of e_r = in_round_s_r - steps_r x step_s.
+    if w.rounds > 1:
+      sum_sq = w.in_round_sq_s2 - 2 * step_s * w.in_round_s_x_steps + step_s**2 * w.in_round_steps_sq
+      rounds_var = max(0.0, sum_sq - w.rounds * mean_s**2) / (w.rounds - 1) / w.rounds
+    else:
+      rounds_var = mean_s**2
+    steps = w.between_steps + self._open.between_steps
+    sum_sq = w.between_sq_s2 + self._open.between_sq_s2
+    step_var = max(0.0, sum_sq - steps * step_s**2) / max(1, steps - 1) / steps  # Of the mean step time.
+    in_round_steps = w.in_round_steps / w.rounds
+    return max(0.0, mean_s + CONFIDENCE_Z * math.sqrt(rounds_var + in_round_steps**2 * step_var))
 
   def interval_s(self) -> float:
     """The least seconds from one round's start to the next's: `fixed_interval_s` if set; else 0 before the first
     round, then the paced interval."""
     if self.fixed_interval_s is not None:
       return self.fixed_interval_s
-    if not self._rounds:
+    w = self._window
+    if not w.rounds:
       return 0.0
-    cost_s, step_s = self.round_cost_s(), self.step_time_s()
+    cost_s, step_s = self.round_cost_bound_s(), self.step_time_s()
     if cost_s is None:  # No step between rounds measured yet: the round may have stopped training throughout.
-      return sum(r.latency_s for r in self._rounds) / len(self._rounds) / self.max_overhead
-    in_round_s = sum(r.in_round_s for r in self._rounds) / len(self._rounds)
-    return max(cost_s / self.max_overhead, in_round_s + STEPS_BETWEEN_ROUNDS * step_s)
+      return w.latency_s / w.rounds / self.max_overhead
+    return max(cost_s / self.max_overhead, w.in_round_s / w.rounds + STEPS_BETWEEN_ROUNDS * step_s)
 
   def stats(self) -> dict[str, Any]:
-    """sync_interval_s (the pace now), sync_round_cost_s, step_time_s (between rounds), step_time_in_round_s, and
-    sync_overhead_estimate (the share of throughput the recent rounds cost); None where nothing was measured."""
-    in_round_steps = sum(r.in_round_steps for r in self._rounds)
-    cost_s = self.round_cost_s()
-    period_s = sum(r.in_round_s + r.between_s for r in self._rounds)
+    """sync_interval_s (the pace now), sync_round_cost_s and its bound, step_time_s (between rounds),
+    step_time_in_round_s, and sync_overhead_estimate (the share of throughput the recent rounds cost, by the mean
+    cost); None where nothing was measured."""
+    w, cost_s = self._window, self.round_cost_s()
+    period_s = w.in_round_s + w.between_s
     return {
       'sync_interval_s': self.interval_s(),
       'sync_round_cost_s': cost_s,
+      'sync_round_cost_bound_s': self.round_cost_bound_s(),
       'step_time_s': self.step_time_s(),
-      'step_time_in_round_s': sum(r.in_round_s for r in self._rounds) / in_round_steps if in_round_steps else None,
-      'sync_overhead_estimate': cost_s * len(self._rounds) / period_s if cost_s is not None and period_s else None,
+      'step_time_in_round_s': w.in_round_s / w.in_round_steps if w.in_round_steps else None,
+      'sync_overhead_estimate': cost_s * w.rounds / period_s if cost_s is not None and period_s else None,
     }

@@ -46,9 +46,10 @@ from shadowsync_jax.sync import rounds
 PyTree = Any
 _POLL_S = 0.05  # How often a waiting thread checks whether it was asked to stop.
 _ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
-# Steps after a snapshot hand-over or a merge that still carry its cost: the loop reads a step's result one step
-# late, so the copy or merge dispatched at a boundary delays the step read back two boundaries later.
-_TAIL_STEPS = 2
+# Steps after a snapshot hand-over or a merge that may still carry its cost. The loop dispatches step i, then (at
+# boundary i) the copy or merge, then waits for step i-1: the copy or merge runs after step i and delays step i+1,
+# which the loop waits for after boundary i+2, so its time lands in the third step timed after boundary i.
+_TAIL_STEPS = 3
 
 
 @functools.partial(jax.jit, donate_argnums=0)

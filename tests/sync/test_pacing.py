@@ -59,8 +59,10 @@ def test_rounds_slow_down_as_their_cost_grows_and_follow_it_back():
   for _ in range(8):  # Each round's steps now take twice the extra time.
     _round(pacer, between_steps=20, in_round_steps=5, in_round_step_s=0.014)
     intervals.append(pacer.interval_s())
-  assert all(b > a for a, b in zip([cheap_s, *intervals], intervals)), intervals
-  assert intervals[-1] == pytest.approx(2 * cheap_s)  # Once the window holds only the dearer rounds.
+  # From the first dearer round on, rounds are spaced further; while the window mixes cheap and dear rounds the
+  # spread of their costs makes the pace cautious; once it holds only the dearer ones, twice the cost: twice the pace.
+  assert all(interval > cheap_s for interval in intervals) and intervals[0] < intervals[3], intervals
+  assert intervals[-1] == pytest.approx(2 * cheap_s)
   for _ in range(8):
     _round(pacer, between_steps=20, in_round_steps=5, in_round_step_s=0.012)
   assert pacer.interval_s() == pytest.approx(cheap_s)
@@ -82,6 +84,21 @@ def test_rounds_that_cost_nothing_still_leave_steps_between_them():
     _round(pacer, between_steps=3, in_round_steps=6, in_round_step_s=STEP_S * 0.99)  # Noise: "faster" in rounds.
   assert pacer.round_cost_s() == 0.0
   assert pacer.interval_s() == pytest.approx(6 * STEP_S * 0.99 + pacing.STEPS_BETWEEN_ROUNDS * STEP_S)
+
+
+def test_noisy_measurements_space_the_rounds_further():
+  """The pace takes an upper bound of the cost: the same mean cost measured with scatter gives a longer interval,
+  which shrinks towards the steady one as more rounds are measured."""
+  steady, noisy = pacing.Pacer(0.05, window_rounds=64), pacing.Pacer(0.05, window_rounds=64)
+  for i in range(8):
+    _round(steady, between_steps=20, in_round_steps=5, in_round_step_s=0.012)
+    _round(noisy, between_steps=20, in_round_steps=5, in_round_step_s=0.012 + (0.004 if i % 2 else -0.004))
+  assert noisy.round_cost_s() == pytest.approx(steady.round_cost_s())
+  few = noisy.interval_s()
+  assert few > 1.2 * steady.interval_s()
+  for i in range(56):
+    _round(noisy, between_steps=20, in_round_steps=5, in_round_step_s=0.012 + (0.004 if i % 2 else -0.004))
+  assert steady.interval_s() < noisy.interval_s() < few
 
 
 def test_a_fixed_interval_is_kept_and_still_measured():
@@ -109,14 +126,14 @@ def test_bad_settings_are_refused(kwargs, message):
 
 def _simulate(pacer: pacing.Pacer, num_steps: int, slowdown_at, round_steps: int) -> tuple[float, int]:
   """A training loop and its shadow thread in made-up time, as `shadow.ShadowSync` times them: a step takes
-  STEP_S, or STEP_S x slowdown_at(step) while a round is in flight or in its two tail steps; a round is handed its
+  STEP_S, or STEP_S x slowdown_at(step) while a round is in flight or in its three tail steps; a round is handed its
   snapshot at the first boundary `interval_s()` after the last one started, and is merged `round_steps` steps
   later. Returns (the share of throughput lost, rounds)."""
   now_s, last_start_s, left, tail, rounds = 0.0, None, 0, 0, 0
   for step in range(num_steps):
     in_flight = left > 0
     if not in_flight and (last_start_s is None or now_s - last_start_s >= pacer.interval_s()):
-      last_start_s, left, tail, in_flight = now_s, round_steps, 2, True
+      last_start_s, left, tail, in_flight = now_s, round_steps, 3, True
     in_round = in_flight or tail > 0
     seconds = STEP_S * (slowdown_at(step) if in_round else 1.0)
     pacer.observe_step(seconds, in_round)
@@ -126,7 +143,7 @@ def _simulate(pacer: pacing.Pacer, num_steps: int, slowdown_at, round_steps: int
       left -= 1
       if left == 0:
         pacer.observe_round(latency_s=round_steps * STEP_S)
-        tail, rounds = 2, rounds + 1
+        tail, rounds = 3, rounds + 1
   return 1.0 - num_steps * STEP_S / now_s, rounds
 
 
@@ -139,8 +156,9 @@ def test_a_paced_run_loses_about_its_budget_and_no_more(slowdown, round_steps):
 
 
 def test_a_paced_run_follows_a_round_cost_that_doubles():
+  """Until the window of rounds has turned over, the pace lags a sudden change: a little over budget meanwhile."""
   pacer = pacing.Pacer(max_overhead=0.05)
   _, rounds_cheap = _simulate(pacer, 20_000, lambda step: 1.5, round_steps=5)
   lost, rounds_dear = _simulate(pacer, 20_000, lambda step: 2.0, round_steps=5)
   assert rounds_dear < 0.6 * rounds_cheap, (rounds_cheap, rounds_dear)
-  assert lost <= 0.052, (lost, pacer.stats())
+  assert lost <= 0.055, (lost, pacer.stats())
