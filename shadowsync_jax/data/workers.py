@@ -68,7 +68,7 @@ def run(
 
 
 def _results(tasks, todo, events, processes, report, max_in_flight) -> Iterator[tuple[int, Any]]:
-  handed_out, finished = 0, 0
+  handed_out, finished, dead = 0, 0, []
   while finished < len(tasks):
     while handed_out < len(tasks) and handed_out - finished < max_in_flight:
       todo.put((handed_out, tasks[handed_out]))
@@ -76,9 +76,9 @@ def _results(tasks, todo, events, processes, report, max_in_flight) -> Iterator[
     try:
       kind, index, payload = events.get(timeout=_POLL_S)
     except queue_lib.Empty:
-      dead = [p for p in processes if not p.is_alive()]
-      if dead:
+      if dead:  # Dead a poll ago, and nothing it sent is left to read: it crashed without a word.
         raise WorkerError(f'a worker process (pid {dead[0].pid}) died with exit code {dead[0].exitcode}.') from None
+      dead = [p for p in processes if not p.is_alive()]
       continue
     if kind == 'report':
       report(**payload)

@@ -4,6 +4,7 @@ skipped and counted by kind."""
 
 import gzip
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -52,6 +53,9 @@ def test_the_prepared_dataset_is_the_tsv_parse_row_for_row(criteo_days, prepared
     blocks = tfds.data_source(f'{manifest.DATASET}/gen', split=split, data_dir=data_dir)
     assert np.array_equal(np.concatenate([blocks[i]['sparse'] for i in range(len(blocks))]), rows.sparse)
     assert np.array_equal(np.concatenate([blocks[i]['label'] for i in range(len(blocks))]), rows.label)
+    by_directory = tfds.builder_from_directory(version_dir).as_data_source(split)
+    last = by_directory[len(by_directory) - 1]['dense']
+    assert np.array_equal(last, rows.dense[-len(last) :])
   assert not os.path.exists(os.path.join(data_dir, 'downloads', manifest.DATASET, 'gen'))  # The work dir is gone.
 
 
@@ -159,6 +163,7 @@ def test_a_worker_sends_the_error_with_its_file_and_line(tmp_path):
   path = _file_with_bad_lines(tmp_path / 'day_0.gz', ['dense'], compress=True)
   with pytest.raises(parse.CriteoFormatError, match=f'{path}:3001: dense feature I1 must be an integer'):
     prepare.run({'train': [files.Piece(path)]}, str(tmp_path / 'w'), CARDINALITIES, num_workers=2, **SMALL)
+  assert not multiprocessing.active_children()  # The workers are stopped, not left behind.
 
 
 def test_skipping_counts_each_kind_and_keeps_the_good_lines(tmp_path):

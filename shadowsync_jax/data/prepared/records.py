@@ -13,7 +13,6 @@ not needed: TFDS bundles the protos.
 
 import numpy as np
 import tensorflow_datasets as tfds
-from tensorflow_datasets.proto import tf_example_pb2
 
 from shadowsync_jax.data.batch import NUM_DENSE_FEATURES
 from shadowsync_jax.data.batch import NUM_SPARSE_FEATURES
@@ -37,11 +36,80 @@ def encode(batch: Batch) -> bytes:
 
 
 def decode(record: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(label uint8 [n], dense float32 [n, 13], sparse int32 [n, 26]): read-only views of the record's bytes."""
-  feature = tf_example_pb2.Example.FromString(record).features.feature
-  label_N = np.frombuffer(feature['label'].bytes_list.value[0], np.uint8)
-  dense_NxF = np.frombuffer(feature['dense'].bytes_list.value[0], np.float32).reshape(-1, NUM_DENSE_FEATURES)
-  sparse_NxT = np.frombuffer(feature['sparse'].bytes_list.value[0], np.int32).reshape(-1, NUM_SPARSE_FEATURES)
+  """(label uint8 [n], dense float32 [n, 13], sparse int32 [n, 26]): read-only views of the record's bytes.
+
+  The tf.Example is walked by hand (Example.features -> map entries -> Feature.bytes_list.value), so the three
+  arrays are views into `record`: protobuf's parser would copy each 1.3 MB block twice more, which costs as much as
+  reading it.
+  """
+  view = memoryview(record)
+  arrays = {}
+  for field, start, end in _fields(view, 0, len(view)):  # Example
+    if field != 1:
+      continue
+    for entry, entry_start, entry_end in _fields(view, start, end):  # Features: map<string, Feature> entries
+      if entry != 1:
+        continue
+      key, value = None, None
+      for part, part_start, part_end in _fields(view, entry_start, entry_end):
+        if part == 1:
+          key = bytes(view[part_start:part_end]).decode()
+        elif part == 2:
+          value = _bytes_value(view, part_start, part_end)
+      if key in _LAYOUT and value is not None:
+        dtype, width = _LAYOUT[key]
+        array = np.frombuffer(record, dtype, (value[1] - value[0]) // np.dtype(dtype).itemsize, value[0])
+        arrays[key] = array if width is None else array.reshape(-1, width)
+  if set(arrays) != set(_LAYOUT):
+    raise ValueError(f'a record holds features {sorted(arrays)}; expected {sorted(_LAYOUT)}.')
+  label_N, dense_NxF, sparse_NxT = arrays['label'], arrays['dense'], arrays['sparse']
   if not len(label_N) == len(dense_NxF) == len(sparse_NxT):
     raise ValueError(f'a record holds {len(label_N)} labels, {len(dense_NxF)} dense and {len(sparse_NxT)} sparse rows.')
   return label_N, dense_NxF, sparse_NxT
+
+
+_LAYOUT = {
+  'label': (np.uint8, None),
+  'dense': (np.float32, NUM_DENSE_FEATURES),
+  'sparse': (np.int32, NUM_SPARSE_FEATURES),
+}
+
+
+def _bytes_value(view: memoryview, start: int, end: int) -> tuple[int, int] | None:
+  """(start, end) of the one bytes value of a Feature's bytes_list, or None for another kind of Feature."""
+  for kind, list_start, list_end in _fields(view, start, end):
+    if kind == 1:  # bytes_list
+      for field, value_start, value_end in _fields(view, list_start, list_end):
+        if field == 1:
+          return value_start, value_end
+  return None
+
+
+def _fields(view: memoryview, start: int, end: int):
+  """(field number, start, end) of the length-delimited fields of the protobuf message in view[start:end]; fields
+  of other wire types are skipped."""
+  position = start
+  while position < end:
+    tag, position = _varint(view, position)
+    wire_type = tag & 7
+    if wire_type == 2:
+      length, position = _varint(view, position)
+      yield tag >> 3, position, position + length
+      position += length
+    elif wire_type == 0:
+      _, position = _varint(view, position)
+    elif wire_type in (1, 5):
+      position += 8 if wire_type == 1 else 4
+    else:
+      raise ValueError(f'a record is not a tf.Example: wire type {wire_type} at byte {position}.')
+
+
+def _varint(view: memoryview, position: int) -> tuple[int, int]:
+  value, shift = 0, 0
+  while True:
+    byte = view[position]
+    position += 1
+    value |= (byte & 0x7F) << shift
+    if byte < 0x80:
+      return value, position
+    shift += 7
