@@ -25,7 +25,8 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    cli.exit_with_usage_error(f'unexpected arguments {argv[1:]}.')
   if not 1 <= _DAYS.value <= _ROWS.value:
     cli.exit_with_usage_error(f'--days={_DAYS.value} and --rows={_ROWS.value}: need at least one row a day.')
   data = FLAGS.config.data

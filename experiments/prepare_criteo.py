@@ -45,7 +45,8 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:  # An unquoted glob: the shell gave the other files as arguments.
+    cli.exit_with_usage_error(f"unexpected arguments {argv[1:3]}...; quote a glob in --inputs: --inputs='day_*.gz'.")
   data = FLAGS.config.data
   try:
     data_dir, name = manifest.location(data.prepared_dir)

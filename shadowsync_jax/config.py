@@ -110,7 +110,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.source = 'synthetic'
   config.data.train_path = ''  # criteo: the TSV file(s) of the training stream, comma-separated, in time order.
   config.data.eval_path = ''  # criteo: held-out TSV file(s); empty = the last day of the training files.
-  config.data.prepared_dir = ''  # prepared: the directory prepare_criteo wrote (its --data_dir), or the dataset's own.
+  # prepared: the dataset's directory, DATA_DIR/criteo_click_blocks/NAME (experiments.prepare_criteo writes there), or
+  # a directory above it that holds no other prepared dataset.
+  config.data.prepared_dir = ''
   config.data.train_split = 'train'  # prepared: the split of the training stream.
   config.data.eval_split = 'heldout'  # prepared: the held-out split; empty = the last day of the training split.
   # N: length of the one-pass training stream, shared by all replicas; 0 = all of it: synthetic 2,000,000, criteo
@@ -359,6 +361,8 @@ def _check_data(config: ml_collections.ConfigDict) -> None:
   for key in ('data.num_train_examples', 'data.num_eval_examples'):
     if _get(config, key) < 0:
       raise ConfigError(f'{key}={_get(config, key)} must be >= 0 (0 = all of the data).')
+  if data.num_eval_examples == 0:  # Still 0 once resolved: the held-out data has no row.
+    raise ConfigError('data.num_eval_examples=0: the held-out file or split has no row to evaluate on.')
   cardinalities = list(data.cardinalities)
   if len(cardinalities) != NUM_SPARSE_FEATURES or any(int(c) < 1 for c in cardinalities):
     raise ConfigError(f'data.cardinalities must be {NUM_SPARSE_FEATURES} positive table sizes, got {cardinalities}.')

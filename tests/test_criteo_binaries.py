@@ -55,3 +55,8 @@ def test_inputs_that_match_nothing_are_a_usage_error(tmp_path):
   assert result.returncode == 2
   flags = '(--inputs, --days, --heldout_days, --config.data.prepared_dir)'
   assert result.stderr.strip().splitlines() == [f"error: '{tmp_path}/day_*.gz' matches no file. {flags}"]
+
+
+def test_an_unquoted_glob_is_a_usage_error(tmp_path):
+  result = _run('experiments.prepare_criteo', TINY, f'--inputs={tmp_path}/day_0.gz', f'{tmp_path}/day_1.gz')
+  assert result.returncode == 2 and 'quote a glob in --inputs' in result.stderr

@@ -10,7 +10,7 @@ top 367-512-256-1, SGD at 0.1, batch 128. Prepare once, then train from the prep
 
 The prepared dataset goes to `data.prepared_dir`, ~/tensorflow_datasets/criteo_click_blocks/kaggle by default
 (`tfds.data_source('criteo_click_blocks/kaggle', split='train')` reads it); override it on both commands with
---config.data.prepared_dir=DATA_DIR/criteo_click_blocks/NAME. Seven day files work as well (--inputs=day_*.gz).
+--config.data.prepared_dir=DATA_DIR/criteo_click_blocks/NAME. Seven day files work as well (--inputs='day_*.gz').
 The real files cannot be downloaded on the project's machines, so no figure of the real data is claimed here;
 the DLRM reference reports AUC about 0.80 after one pass.
 
@@ -22,10 +22,12 @@ Variants:
              python -m experiments.generate_criteo --config=experiments/configs/criteo_kaggle.py:local \
                  --rows=4000000 --days=7 --output_dir=/tmp/criteo_gen
              python -m experiments.prepare_criteo --config=experiments/configs/criteo_kaggle.py:local \
-                 --inputs=/tmp/criteo_gen/day_*.gz
+                 --inputs='/tmp/criteo_gen/day_*.gz'
              python -m experiments.train --config=experiments/configs/criteo_kaggle.py:local --workdir=/tmp/local
-           Expected: 3,428,571 training rows, 571,429 held out; eval NE about 2-3% above the Bayes floor.
-  'tiny'   the tests' and a quick look's: 50-row tables, a small model; generate --rows=200000 --days=7 (seconds).
+           Expected: 3,428,572 training rows (days 1-6), 571,428 held out (day 7); eval NE 0.833 against a Bayes
+           floor of 0.816 (+2.1%), about 100 s on 2 cores; measured speeds in docs/studies/criteo.md.
+  'tiny'   the tests' and a quick look's: 50-row tables, a small model. Generated with --rows=200000 --days=7: eval
+           NE 0.86 against a floor of 0.82 (+4%), 15 s.
 """
 
 from shadowsync_jax import config as config_lib
