@@ -16,7 +16,7 @@ Sources: the synthetic stream, Criteo TSV files parsed as they are read (`criteo
 read through grain (`prepared.source`); lengths of 0 in the config mean all of the data (`lengths`).
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 import functools
 from typing import NamedTuple, Protocol
 
@@ -109,7 +109,8 @@ def train_batches(
   group = max(1, _GROUP_ROWS // rows_per_step)
   read = functools.partial(_read_steps, source, num_replicas, batch_size, replicas, steps, group)
   dataset = grain.MapDataset.range(start_step, steps, group).map(read)
-  return _steps_of(dataset.to_iter_dataset(grain.ReadOptions(num_threads=prefetch, prefetch_buffer_size=prefetch)))
+  groups = iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=prefetch, prefetch_buffer_size=prefetch)))
+  return _steps_of(groups)  # The groups' iterator exists already: its threads read ahead from now on.
 
 
 class _Steps(NamedTuple):
@@ -131,7 +132,7 @@ def _read_steps(
   return _Steps(batches, None)
 
 
-def _steps_of(groups: Iterable[_Steps]) -> Iterator[Batch]:
+def _steps_of(groups: Iterator[_Steps]) -> Iterator[Batch]:
   for group in groups:
     yield from group.batches
     if group.error is not None:
