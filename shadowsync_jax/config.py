@@ -161,9 +161,12 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Emulated failures and how the run recovers from them (DESIGN §7, CPR: Maeng et al., MLSys 2021).
   config.recovery = ml_collections.ConfigDict()
-  config.recovery.mode = 'none'  # 'none' (no failures), 'full', 'partial', 'cpr_mfu' or 'cpr_ssu'.
-  config.recovery.mtbf_steps = 1000.0  # Mean training steps between failures (exponential gaps, seeded by `seed`).
-  config.recovery.failure_target = 'embedding_shard'  # What a failure takes down: 'replica' or 'embedding_shard'.
+  config.recovery.mode = 'none'  # 'none', 'full', 'partial', 'cpr_mfu', 'cpr_ssu' or 'cpr' (chooses): how a run
+  # recovers from failures; in one process they are emulated (below), across processes real (a process dies).
+  # Mean training steps between failures: the emulation's schedule (exponential gaps, seeded by `seed`); across
+  # processes the expected MTBF, which sets the checkpoint interval and `cpr`'s choice.
+  config.recovery.mtbf_steps = 1000.0
+  config.recovery.failure_target = 'embedding_shard'  # Emulated: what a failure takes down, 'replica' or a shard.
   config.recovery.num_embedding_shards = 4  # S: shard s holds the s-th of S row ranges of every table.
   config.recovery.target_pls = 0.01  # Partial modes: the expected portion of lost samples the interval allows.
   # Checkpoint interval in place of train.checkpoint_every_steps; 0 = chosen (full: Young's; partial: the PLS target).
@@ -456,18 +459,21 @@ def _check_recovery(config: ml_collections.ConfigDict, num_processes: int) -> No
       raise ConfigError(f'{key}=0: use a negative value for the measured cost or a positive one to emulate one.')
   if recovery.mode == 'none':
     return
-  if num_processes > 1:
-    raise ConfigError(
-      f'recovery.mode={recovery.mode!r} runs in one process only; this job has {num_processes} '
-      "(failure emulation across processes is not implemented: use recovery.mode='none')."
-    )
   if config.sync.algorithm in PARAMETER_SERVER_ALGORITHMS:
     raise ConfigError(
       f'recovery.mode={recovery.mode!r} is not implemented for sync.algorithm='
       f'{config.sync.algorithm!r} (its server model trains in the gba package, without recovery).'
     )
-  if recovery.mode in PARTIAL_RECOVERY_MODES and recovery.checkpoint_every_steps == 0:
+  partial = recovery.mode in PARTIAL_RECOVERY_MODES
+  if num_processes > 1 and config.sync.algorithm == 'sync_sgd' and (partial or recovery.mode == 'cpr'):
+    raise ConfigError(
+      f"recovery.mode={recovery.mode!r}: sync.algorithm='sync_sgd' keeps one model on every replica, which a "
+      "partial recovery across processes would split in two: use recovery.mode='full'."
+    )
+  if partial and recovery.checkpoint_every_steps == 0:
+    # Across processes a failure takes down a process (real failures); in one, a replica or a shard (emulated).
     num_parts = config.num_replicas if recovery.failure_target == 'replica' else recovery.num_embedding_shards
+    num_parts = num_processes if num_processes > 1 else num_parts
     total_steps = config.data.num_train_examples // (config.num_replicas * config.batch_size)
     try:
       checkpoint_interval.partial_recovery_interval(
