@@ -1,14 +1,15 @@
-r"""Stragglers across processes: does one slow process hold the others back? (shadow_ma against sync_sgd.)
+r"""Stragglers across processes: does one slow process hold the others back?
 
-  python -m benchmarks.stragglers [--slowdown=2] [--num_train_examples=600000] [--batch_size=256] \
-      [--algorithms=none,shadow_ma,sync_sgd] [--min_interval_s=0] [--out=benchmarks/results/stragglers.md]
+  python -m benchmarks.stragglers [--slowdown=2] [--algorithms=none,shadow_ma,shadow_ea,shadow_bmuf,sync_sgd] \
+      [--num_train_examples=N] [--min_interval_s=S] [--pin_cpus] [--out=benchmarks/results/stragglers.md]
 
-Runs each algorithm as a job of 2 processes (`experiments.launch --pin_cpus`: each process on its own share of the
-cores, like two hosts), one replica per process, without and with a straggler (process 1 `--slowdown` times
-slower), on the default synthetic data. Prints a markdown table: per-process examples/sec, the fast process's
-examples/sec relative to the same algorithm without the straggler, eval NE and AUC; writes it with the raw
-summaries to `--out`. Target (issue 4): under shadow_ma the fast process keeps at least 0.9 of its examples/sec,
-while under sync_sgd it falls to about the straggler's pace.
+Runs each algorithm as a job of 2 processes (`experiments.launch`), one replica per process, without and with a
+straggler (process 1 `--slowdown` times slower), on the default config: checkpoints on (every
+`train.checkpoint_every_steps`, each process at its own pace), every other setting at its default unless a flag
+says otherwise. Prints a markdown table: per-process examples/sec, the fast process's examples/sec relative to the
+same algorithm without the straggler, eval NE and AUC; writes it with the raw summaries to `--out`. Targets: under
+`none` and the shadow algorithms the fast process keeps at least 0.9 of its examples/sec, while under sync_sgd it
+falls to about the straggler's pace.
 """
 
 import io
@@ -18,38 +19,37 @@ import tempfile
 
 from absl import flags
 
-from experiments import launch
 from shadowsync_jax import cli
+from shadowsync_jax.parallel import supervisor
 from shadowsync_jax.studies import report as study_report
 
 flags.DEFINE_float('slowdown', 2.0, 'How many times slower the straggler (process 1) is.')
-flags.DEFINE_integer('num_train_examples', 600_000, 'Length of the one-pass training stream, for every run.')
-flags.DEFINE_integer('batch_size', 256, 'Examples per replica per step.')
+flags.DEFINE_integer('num_train_examples', None, "Length of the one-pass training stream (default: the config's).")
 flags.DEFINE_list(
-  'algorithms', ['none', 'shadow_ma', 'sync_sgd'], 'Sync algorithms to compare (none: the ceiling, no coupling at all).'
+  'algorithms',
+  ['none', 'shadow_ma', 'shadow_ea', 'shadow_bmuf', 'sync_sgd'],
+  'Sync algorithms to compare (none: the ceiling, no coupling at all).',
 )
-flags.DEFINE_float('min_interval_s', 0.0, 'shadow_*: least seconds between background rounds.')
+flags.DEFINE_string(
+  'min_interval_s', None, "shadow_*: least seconds between rounds, or 'auto' (default: the config's)."
+)
+flags.DEFINE_bool('pin_cpus', False, 'Each process on its own share of the cores, like separate hosts.')
 flags.DEFINE_string('out', 'benchmarks/results/stragglers.md', 'Where the table and raw summaries go.')
 FLAGS = flags.FLAGS
 
 
 def run_job(workdir: pathlib.Path, algorithm: str, slowdown: float) -> dict:
   """One 2-process job; its summary.json (raises with the job's output if it failed)."""
-  train_flags = [
-    f'--workdir={workdir}',
-    '--config.num_replicas=2',
-    f'--config.sync.algorithm={algorithm}',
-    f'--config.batch_size={FLAGS.batch_size}',
-    f'--config.data.num_train_examples={FLAGS.num_train_examples}',
-    f'--config.sync.min_interval_s={FLAGS.min_interval_s}',
-    '--config.train.checkpoint_every_steps=0',
-    '--config.train.progress_every_s=30',
-  ]
+  train_flags = [f'--workdir={workdir}', f'--config.sync.algorithm={algorithm}', '--config.train.progress_every_s=30']
+  if FLAGS.num_train_examples:
+    train_flags.append(f'--config.data.num_train_examples={FLAGS.num_train_examples}')
+  if FLAGS.min_interval_s is not None:
+    train_flags.append(f'--config.sync.min_interval_s={FLAGS.min_interval_s}')
   if slowdown > 1:
     train_flags += ['--config.straggler.process=1', f'--config.straggler.slowdown={slowdown}']
   output = io.StringIO()
-  code = launch.launch(
-    train_flags, num_processes=2, cpu_devices=1, peer_timeout_s=60.0, grace_s=30.0, pin_cpus=True, out=output
+  code = supervisor.supervise(
+    train_flags, num_processes=2, cpu_devices=1, peer_timeout_s=60.0, grace_s=30.0, pin_cpus=FLAGS.pin_cpus, out=output
   )
   if code != 0:
     raise RuntimeError(f'{algorithm} (slowdown {slowdown}) failed:\n{output.getvalue()}')
@@ -84,13 +84,15 @@ def main(argv):
         results[(algorithm, slowdown)] = run_job(pathlib.Path(root) / f'{algorithm}_{slowdown:g}', algorithm, slowdown)
   text = table(results)
   print(text)
-  command = (
-    f'python -m benchmarks.stragglers --slowdown={FLAGS.slowdown:g} '
-    f'--num_train_examples={FLAGS.num_train_examples} --batch_size={FLAGS.batch_size} '
-    f'--algorithms={",".join(FLAGS.algorithms)} --min_interval_s={FLAGS.min_interval_s:g}'
-  )
   raw = {f'{a} x{s:g}': r for (a, s), r in results.items()}
-  out = study_report.write(FLAGS.out, 'Stragglers across 2 processes', command, text, raw)
+  note = (
+    f'2 processes x 1 replica, process 1 {FLAGS.slowdown:g}x slower in the second run of each algorithm; '
+    f"pinned cores: {'yes' if FLAGS.pin_cpus else 'no'}; everything else at the default config's values "
+    '(checkpoints on, each process at its own pace).'
+  )
+  out = study_report.write(
+    FLAGS.out, 'Stragglers across 2 processes', study_report.command_line(), text, raw, note=note
+  )
   print(f'-> {out}')
 
 

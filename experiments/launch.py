@@ -1,9 +1,13 @@
-r"""Starts a job of N processes on this machine (127.0.0.1), streams their output, and fails if any of them fails.
+r"""Runs a job of N processes on this machine, restarts it when a process dies, and fails if it cannot finish.
 
-  python -m experiments.launch --num_processes=2 -- --workdir=/tmp/job --config.num_replicas=8 \
-      --config.sync.algorithm=shadow_ma
+  python -m experiments.launch --num_processes=2 [--max_restarts=3] -- --workdir=/tmp/job \
+      --config.num_replicas=8 --config.sync.algorithm=shadow_ma [--config.recovery.mode=partial]
 
 Everything after `--` goes to every `python -m experiments.train` process (`shadowsync_jax.parallel.launcher`).
+With `--max_restarts=N` the job comes back after a process is killed, crashes or hangs past `--peer_timeout_s`,
+up to N times (`shadowsync_jax.parallel.supervisor`); what each process restores is `recovery.mode`'s choice.
+Failures on purpose: `--kill_at=PROCESS@STEP` (the first generation only; tests) and `--kill_mtbf_s=S
+--kill_seed=K` (a random process SIGKILLed at exponential times of mean S seconds; studies).
 """
 
 import sys
@@ -11,26 +15,41 @@ import sys
 from absl import flags
 
 from shadowsync_jax import cli
-from shadowsync_jax.parallel import launcher
+from shadowsync_jax.parallel import fault_injection
+from shadowsync_jax.parallel import supervisor
 
 flags.DEFINE_integer('num_processes', 2, 'Processes to start.')
 flags.DEFINE_integer('cpu_devices', 4, 'Virtual CPU devices per process (the replicas one process can hold).')
-flags.DEFINE_float('peer_timeout_s', 30.0, 'Passed to every process: how long a silent peer is waited for.')
+flags.DEFINE_float('peer_timeout_s', 30.0, 'Passed to every process: how long a silent or stalled peer is waited for.')
 flags.DEFINE_float('grace_s', 60.0, 'After a failure, how long the other processes get to stop on their own.')
 flags.DEFINE_bool('pin_cpus', False, 'Pin each process to its own share of the cores.')
+flags.DEFINE_integer('max_restarts', 0, 'How many times the job is started again after a failure.')
+flags.DEFINE_string('kill_at', '', 'PROCESS@STEP[,...]: SIGKILL that process when it reaches that step (once).')
+flags.DEFINE_float('kill_mtbf_s', 0.0, 'SIGKILL a random process at exponential times of this mean (0: never).')
+flags.DEFINE_integer('kill_seed', 0, 'Seed of the random kills (which process, when).')
 flags.DEFINE_string('module', 'experiments.train', 'The Python module every process runs.')
 FLAGS = flags.FLAGS
 
 
 def main(argv):
+  try:
+    schedule = fault_injection.KillSchedule.parse(
+      FLAGS.kill_at, FLAGS.kill_mtbf_s, FLAGS.kill_seed, FLAGS.num_processes
+    )
+  except ValueError as error:
+    cli.exit_with_usage_error(str(error))
+  if FLAGS.max_restarts < 0:
+    cli.exit_with_usage_error(f'--max_restarts={FLAGS.max_restarts} must be >= 0.')
   sys.exit(
-    launcher.launch(
+    supervisor.supervise(
       argv[1:],
       FLAGS.num_processes,
       FLAGS.cpu_devices,
       FLAGS.peer_timeout_s,
       FLAGS.grace_s,
       FLAGS.pin_cpus,
+      FLAGS.max_restarts,
+      schedule,
       FLAGS.module,
     )
   )

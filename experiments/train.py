@@ -43,6 +43,18 @@ flags.DEFINE_float(
   30.0,
   'Stop when another process of the job has given no sign of life for this long (it died, was killed or hangs).',
 )
+flags.DEFINE_bool(
+  'start_coordinator',
+  True,
+  "Process 0 starts the coordination service (JAX's way); false where it runs apart (experiments.coordinator), "
+  'so that process 0 may die without the others.',
+)
+flags.DEFINE_string(
+  'compilation_cache_dir',
+  None,
+  'JAX persistent compilation cache, so that a restarted job does not compile again (default WORKDIR/'
+  'compilation_cache; empty: none).',
+)
 cli.define_config_flag('experiments/configs/default.py')
 FLAGS = flags.FLAGS
 
@@ -59,10 +71,22 @@ def main(argv):
   config_lib.validate(FLAGS.config, num_devices=None, num_processes=FLAGS.num_processes)
   jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
   from shadowsync_jax import train  # pylint: disable=g-import-not-at-top  (after the device count is set)
+  from shadowsync_jax.parallel import compilation_cache  # pylint: disable=g-import-not-at-top
   from shadowsync_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
 
+  cache_dir = (
+    f'{FLAGS.workdir}/compilation_cache' if FLAGS.compilation_cache_dir is None else FLAGS.compilation_cache_dir
+  )
+  if cache_dir:
+    compilation_cache.enable(cache_dir, FLAGS.process_id)
   if FLAGS.num_processes > 1:
-    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.peer_timeout_s)
+    distributed.initialize(
+      FLAGS.coordinator_address,
+      FLAGS.num_processes,
+      FLAGS.process_id,
+      FLAGS.peer_timeout_s,
+      start_service=FLAGS.start_coordinator,
+    )
   try:
     summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except BaseException as error:  # pylint: disable=broad-except

@@ -16,7 +16,11 @@ from typing import Any
 
 import ml_collections
 
+from shadowsync_jax.data import lengths
 from shadowsync_jax.data.batch import NUM_SPARSE_FEATURES
+from shadowsync_jax.data.criteo import files as criteo_files
+from shadowsync_jax.data.prepared import manifest as prepared_manifest
+from shadowsync_jax.model import dlrm
 from shadowsync_jax.recovery import intervals as checkpoint_interval
 from shadowsync_jax.recovery import modes as recovery_modes
 
@@ -50,7 +54,8 @@ SYNCED_PARAMS = ('dense', 'all')
 EMBEDDING_PLACEMENTS = ('replicated', 'shared')
 MLP_OPTIMIZERS = ('sgd', 'adagrad', 'adam')
 EMBEDDING_OPTIMIZERS = ('sgd', 'rowwise_adagrad')
-DATA_SOURCES = ('synthetic', 'criteo')
+DATA_SOURCES = ('synthetic', 'criteo', 'prepared')
+INTERACTIONS = dlrm.INTERACTIONS
 RECOVERY_MODES = recovery_modes.MODES
 PARTIAL_RECOVERY_MODES = recovery_modes.PARTIAL_MODES
 FAILURE_TARGETS = recovery_modes.FAILURE_TARGETS
@@ -101,11 +106,22 @@ def base_config() -> ml_collections.ConfigDict:
   config.batch_size = 256  # Examples per replica per step.
 
   config.data = ml_collections.ConfigDict()
-  config.data.source = 'synthetic'  # 'synthetic' (the embedded teacher stream) or 'criteo' (Kaggle/Terabyte TSV).
-  config.data.train_path = ''  # criteo: the TSV the training stream is read from, in order.
-  config.data.eval_path = ''  # criteo: held-out TSV; empty = the rows that follow the training stream.
-  config.data.num_train_examples = 2_000_000  # N: length of the one-pass training stream, shared by all replicas.
-  config.data.num_eval_examples = 200_000  # Held-out examples that follow the training stream.
+  # 'synthetic' (the embedded teacher stream), 'criteo' (Kaggle/Terabyte TSV files, parsed as they are read) or
+  # 'prepared' (Criteo prepared once by experiments.prepare_criteo: blocks read through grain).
+  config.data.source = 'synthetic'
+  config.data.train_path = ''  # criteo: the TSV file(s) of the training stream, comma-separated, in time order.
+  config.data.eval_path = ''  # criteo: held-out TSV file(s); empty = the last day of the training files.
+  # prepared: the dataset's directory, DATA_DIR/criteo_click_blocks/NAME (experiments.prepare_criteo writes there), or
+  # a directory above it that holds no other prepared dataset.
+  config.data.prepared_dir = ''
+  config.data.train_split = 'train'  # prepared: the split of the training stream.
+  config.data.eval_split = 'heldout'  # prepared: the held-out split; empty = the last day of the training split.
+  # N: length of the one-pass training stream, shared by all replicas; 0 = all of it: synthetic 2,000,000, criteo
+  # and prepared every training row (data/lengths.py).
+  config.data.num_train_examples = 0
+  # M: held-out examples; 0 = all of them: synthetic the 200,000 after the training stream, criteo and prepared the
+  # held-out file(s) or split, or without one the last day of the training data.
+  config.data.num_eval_examples = 0
   # Rows of each of the 26 tables (criteo: hash buckets). Default: Criteo Kaggle's per-feature cardinalities capped
   # at 300, so the default problem is learnable from 2M examples (docs/studies/default_problem.md).
   config.data.cardinalities = CRITEO_SHAPED_CARDINALITIES
@@ -115,7 +131,12 @@ def base_config() -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict()
   config.model.embedding_dim = 16  # D: width of every embedding row; the bottom MLP ends at D.
   config.model.bottom_mlp = (64, 16)  # Hidden widths of the bottom MLP over the 13 dense features.
-  config.model.top_mlp = (128, 64, 1)  # Widths of the top MLP over [bottom output, pairwise dots].
+  config.model.top_mlp = (128, 64, 1)  # Widths of the top MLP over the interaction's output.
+  # 'dot' (DLRM: [bottom output, pairwise dots]) or 'dcn' (DLRM-DCNv2, MLPerf's: low-rank cross layers over
+  # [bottom output, embeddings], (T + 1) D wide; model/dcn.py).
+  config.model.interaction = 'dot'
+  config.model.cross_layers = 3  # dcn: cross layers (MLPerf DLRM-DCNv2: 3).
+  config.model.cross_rank = 64  # dcn: rank of each layer (MLPerf: 512 at width 3456; TorchRec advises ~ width / 4).
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.mlp = 'adagrad'  # optax optimizer of the MLP weights: 'sgd', 'adagrad' or 'adam'.
@@ -145,9 +166,12 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Emulated failures and how the run recovers from them (DESIGN §7, CPR: Maeng et al., MLSys 2021).
   config.recovery = ml_collections.ConfigDict()
-  config.recovery.mode = 'none'  # 'none' (no failures), 'full', 'partial', 'cpr_mfu' or 'cpr_ssu'.
-  config.recovery.mtbf_steps = 1000.0  # Mean training steps between failures (exponential gaps, seeded by `seed`).
-  config.recovery.failure_target = 'embedding_shard'  # What a failure takes down: 'replica' or 'embedding_shard'.
+  config.recovery.mode = 'none'  # 'none', 'full', 'partial', 'cpr_mfu', 'cpr_ssu' or 'cpr' (chooses): how a run
+  # recovers from failures; in one process they are emulated (below), across processes real (a process dies).
+  # Mean training steps between failures: the emulation's schedule (exponential gaps, seeded by `seed`); across
+  # processes the expected MTBF, which sets the checkpoint interval and `cpr`'s choice.
+  config.recovery.mtbf_steps = 1000.0
+  config.recovery.failure_target = 'embedding_shard'  # Emulated: what a failure takes down, 'replica' or a shard.
   config.recovery.num_embedding_shards = 4  # S: shard s holds the s-th of S row ranges of every table.
   config.recovery.target_pls = 0.01  # Partial modes: the expected portion of lost samples the interval allows.
   # Checkpoint interval in place of train.checkpoint_every_steps; 0 = chosen (full: Young's; partial: the PLS target).
@@ -200,11 +224,30 @@ def min_interval_from_text(text: str) -> float | str:
 
 
 def resolve(config: ml_collections.ConfigDict, num_processes: int = 1) -> ml_collections.ConfigDict:
-  """`config` with the values the run decides filled in (a copy): `num_replicas=0` becomes one per process."""
+  """`config` with the values the run decides filled in (a copy): `num_replicas=0` becomes one per process, and
+  data lengths of 0 the whole of the data (`data.lengths`: the rows of the Criteo files or prepared splits are
+  counted). Data that cannot be found is left for `validate` to name; lengths the data cannot give raise
+  ConfigError."""
   resolved = ml_collections.ConfigDict(config.to_dict())
   if resolved.get('num_replicas') == 0:
     resolved.num_replicas = num_processes
+  data = resolved.get('data')
+  if data is not None and 0 in (data.num_train_examples, data.num_eval_examples) and _data_found(data):
+    try:
+      stream = lengths.resolve(data)
+    except ValueError as error:
+      raise ConfigError(str(error)) from error
+    data.num_train_examples, data.num_eval_examples = stream.num_train, stream.num_eval
   return resolved
+
+
+def _data_found(data: ml_collections.ConfigDict) -> bool:
+  """Whether the data the `data` section names is there to be measured (validation names what is missing)."""
+  try:
+    _check_data_source(data)
+  except ConfigError:
+    return False
+  return True
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None, num_processes: int = 1) -> None:
@@ -212,6 +255,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None, num_pro
   `num_processes` processes with `num_devices` devices in all (evenly spread over the processes). With
   `num_devices=None` (before the runtime is up) every check but the devices' runs."""
   _check_known_keys(config)
+  _check_data_source(config.data)
   config = resolve(config, num_processes)
   _check_data(config)
   _check_model(config)
@@ -292,18 +336,54 @@ def _check_choice(config: ml_collections.ConfigDict, key: str, choices: tuple[st
     raise ConfigError(f'{key}={value!r} is not one of {", ".join(choices)}.')
 
 
+def _check_data_source(data: ml_collections.ConfigDict) -> None:
+  """The source and the files or prepared dataset it reads: there, and of the right kind."""
+  if data.source not in DATA_SOURCES:
+    raise ConfigError(f'data.source={data.source!r} is not one of {", ".join(DATA_SOURCES)}.')
+  if data.source == 'criteo':
+    if not data.train_path:
+      raise ConfigError(
+        "data.train_path must name Criteo TSV file(s) when data.source='criteo' (--config.data.train_path=FILE)."
+      )
+    for key in ('data.train_path', 'data.eval_path'):
+      value = _get(data, key.split('.', 1)[1])
+      for path in criteo_files.split_paths(value):
+        named = f'{key}={path!r}' if path == value else f'{key}={value!r}: {path!r}'
+        if not os.path.isfile(path):
+          raise ConfigError(f'{named}: no such file (from {os.getcwd()}); give the path of a Criteo TSV file.')
+        if criteo_files.is_gzip(path):
+          raise ConfigError(
+            f'{named} is gzip-compressed and cannot be read at random; prepare it once '
+            "(python -m experiments.prepare_criteo) and train with data.source='prepared'."
+          )
+  if data.source == 'prepared':
+    if not data.prepared_dir:
+      raise ConfigError(
+        "data.prepared_dir must name a prepared dataset when data.source='prepared' "
+        '(what python -m experiments.prepare_criteo wrote).'
+      )
+    try:
+      version_dir = prepared_manifest.find(data.prepared_dir)
+      manifest = prepared_manifest.read(version_dir)
+    except (OSError, ValueError) as error:
+      raise ConfigError(f'data.prepared_dir={data.prepared_dir!r}: {error}') from error
+    for key in ('data.train_split', 'data.eval_split'):
+      split = _get(data, key.split('.', 1)[1])
+      if (split or key == 'data.train_split') and split not in manifest['splits']:
+        raise ConfigError(f'{key}={split!r} is not a split of {version_dir}; it has {", ".join(manifest["splits"])}.')
+    try:
+      prepared_manifest.check_cardinalities(manifest, data.cardinalities, version_dir)
+    except ValueError as error:
+      raise ConfigError(str(error)) from error
+
+
 def _check_data(config: ml_collections.ConfigDict) -> None:
   data = config.data
-  _check_choice(config, 'data.source', DATA_SOURCES)
-  _check_positive(config, 'data.num_train_examples', 'data.num_eval_examples')
-  if data.source == 'criteo' and not data.train_path:
-    raise ConfigError(
-      "data.train_path must name a Criteo TSV file when data.source='criteo' (--config.data.train_path=FILE)."
-    )
-  for key in ('data.train_path', 'data.eval_path'):
-    path = _get(config, key)
-    if data.source == 'criteo' and path and not os.path.isfile(path):
-      raise ConfigError(f'{key}={path!r}: no such file (from {os.getcwd()}); give the path of a Criteo TSV file.')
+  for key in ('data.num_train_examples', 'data.num_eval_examples'):
+    if _get(config, key) < 0:
+      raise ConfigError(f'{key}={_get(config, key)} must be >= 0 (0 = all of the data).')
+  if data.num_eval_examples == 0:  # Still 0 once resolved: the held-out data has no row.
+    raise ConfigError('data.num_eval_examples=0: the held-out file or split has no row to evaluate on.')
   cardinalities = list(data.cardinalities)
   if len(cardinalities) != NUM_SPARSE_FEATURES or any(int(c) < 1 for c in cardinalities):
     raise ConfigError(f'data.cardinalities must be {NUM_SPARSE_FEATURES} positive table sizes, got {cardinalities}.')
@@ -320,8 +400,13 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
   if not bottom or any(w < 1 for w in bottom) or bottom[-1] != model.embedding_dim:
     raise ConfigError(
       f'model.bottom_mlp={bottom} must be positive widths ending at model.embedding_dim '
-      f'({model.embedding_dim}): the dot interaction pairs it with the embeddings.'
+      f'({model.embedding_dim}): the interaction sets it beside the embeddings.'
     )
+  _check_choice(config, 'model.interaction', INTERACTIONS)
+  for key in ('model.cross_layers', 'model.cross_rank'):
+    value = _get(config, key)
+    if model.interaction == 'dcn' and not (isinstance(value, int) and value >= 1):
+      raise ConfigError(f'{key}={value} must be an integer >= 1 for the dcn interaction.')
   if not top or any(w < 1 for w in top) or top[-1] != 1:
     raise ConfigError(f'model.top_mlp={top} must be positive widths ending at 1 (the logit).')
 
@@ -396,18 +481,21 @@ def _check_recovery(config: ml_collections.ConfigDict, num_processes: int) -> No
       raise ConfigError(f'{key}=0: use a negative value for the measured cost or a positive one to emulate one.')
   if recovery.mode == 'none':
     return
-  if num_processes > 1:
-    raise ConfigError(
-      f'recovery.mode={recovery.mode!r} runs in one process only; this job has {num_processes} '
-      "(failure emulation across processes is not implemented: use recovery.mode='none')."
-    )
   if config.sync.algorithm in PARAMETER_SERVER_ALGORITHMS:
     raise ConfigError(
       f'recovery.mode={recovery.mode!r} is not implemented for sync.algorithm='
       f'{config.sync.algorithm!r} (its server model trains in the gba package, without recovery).'
     )
-  if recovery.mode in PARTIAL_RECOVERY_MODES and recovery.checkpoint_every_steps == 0:
+  partial = recovery.mode in PARTIAL_RECOVERY_MODES
+  if num_processes > 1 and config.sync.algorithm == 'sync_sgd' and (partial or recovery.mode == 'cpr'):
+    raise ConfigError(
+      f"recovery.mode={recovery.mode!r}: sync.algorithm='sync_sgd' keeps one model on every replica, which a "
+      "partial recovery across processes would split in two: use recovery.mode='full'."
+    )
+  if partial and recovery.checkpoint_every_steps == 0:
+    # Across processes a failure takes down a process (real failures); in one, a replica or a shard (emulated).
     num_parts = config.num_replicas if recovery.failure_target == 'replica' else recovery.num_embedding_shards
+    num_parts = num_processes if num_processes > 1 else num_parts
     total_steps = config.data.num_train_examples // (config.num_replicas * config.batch_size)
     try:
       checkpoint_interval.partial_recovery_interval(

@@ -6,15 +6,17 @@
   summary = train.train_and_evaluate(config, workdir='/tmp/run')
   print(summary['eval_ne'], summary['bayes_ne'])
 
-`train_and_evaluate` validates the config before anything compiles, resumes from the newest checkpoint in
-`workdir/checkpoints` if there is one, streams scalars to `workdir` (TensorBoard events and `metrics.jsonl`),
-prints a progress line, and writes `workdir/summary.json` (DESIGN §9) when the stream is done. With
-`recovery.mode` set, failures are emulated and recovered from at step boundaries (`recovery`, DESIGN §7).
+`train_and_evaluate` validates the config before anything compiles, resumes from the newest checkpoints in
+`workdir/checkpoints` if there are any, streams scalars to `workdir` (TensorBoard events and `metrics.jsonl`),
+prints a progress line, and writes `workdir/summary.json` (DESIGN §9) when the stream is done. The recovery policy
+owns the checkpoints (`recovery.policies`): in one process with `recovery.mode` set, failures are emulated and
+recovered from at step boundaries; otherwise failures are real, and a job started again restores what its
+restart plan says (DESIGN §7).
 
 In a job of several processes (`distributed.initialize` first; `experiments.launch` starts them) every process
-calls it with the same config and workdir: each trains its own replicas on its own part of the stream, the sync
-driver couples them, all of them evaluate the same consensus model, and process 0 writes the metrics and
-`summary.json`. Every process returns the summary.
+calls it with the same config and workdir: each trains its own replicas on its own part of the stream and
+checkpoints them at its own pace, the sync driver couples them, all of them evaluate the same consensus model, and
+process 0 writes the metrics and `summary.json`. Every process returns the summary.
 """
 
 import pathlib
@@ -36,11 +38,11 @@ from shadowsync_jax.metrics import writer as metric_writer
 from shadowsync_jax.model import dlrm
 from shadowsync_jax.model import optimizers
 from shadowsync_jax.model import step as step_lib
+from shadowsync_jax.parallel import distributed
 from shadowsync_jax.parallel import network
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.parallel import straggler
-from shadowsync_jax.recovery import checkpointing
-from shadowsync_jax.recovery import emulated as recovery_lib
+from shadowsync_jax.recovery import policies as recovery_policies
 from shadowsync_jax.sync import drivers as sync_drivers
 
 
@@ -127,18 +129,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   meshes = replicas.make_meshes(num_replicas)
   state = init_replicated_state(config, meshes.local)
-  recovering = config.recovery.mode != 'none'  # Then the recovery policy decides when to checkpoint.
-  checkpointer = checkpointing.Checkpointer(
-    workdir / 'checkpoints', 0 if recovering else config.train.checkpoint_every_steps
-  )
   driver = sync_drivers.make_driver(config, meshes)
   sync_state = driver.initial_sync_state(state)
-  restored = checkpointer.restore_latest(checkpointing.abstract_like(_checkpointed(state, sync_state, meshes)))
-  start_step = 0
-  if restored is not None:
-    tree, start_step = restored
-    state, sync_state = replicas.to_local(tree['train'], meshes), tree.get('sync')
-    print(f'Resumed from the checkpoint at step {start_step} of {total_steps} in {workdir}.')
+  recovery = recovery_policies.make(config, meshes, workdir, total_steps)  # It owns the checkpoints.
+  state, sync_state, start_step = recovery.resume(state, sync_state)
   train_step = make_train_step(config, meshes)
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
   batches_from = lambda first_step: input_pipeline.train_batches(
@@ -149,7 +143,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     start_step=first_step,
     replicas=range(process_index * num_local, (process_index + 1) * num_local),
   )
-  recovery = recovery_lib.make(config, checkpointer, meshes, workdir, total_steps)
   writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
   progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
   delay = straggler.Straggler(config.straggler.slowdown if config.straggler.process == process_index else 1.0)
@@ -191,23 +184,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
           },
         )
         window.reset(now)
-      state, driver, rewind_to = recovery.after_step(step, state, driver, batch)  # Failures, their checkpoints.
+      # Checkpoints due here; failures (emulated), a lost peer (real: saves what survives and exits here).
+      state, driver, rewind_to = recovery.after_step(step, state, driver, batch)
       if rewind_to is not None:  # Full recovery: the data restarts at the restored checkpoint.
         step, batches = rewind_to, batches_from(rewind_to)
-      if checkpointer.due(step):
-        state = driver.pause(state)  # Across processes orbax's save has collectives; the shadow thread waits.
-        checkpointer.save(step, _checkpointed(state, driver.sync_state(), meshes))
-        driver.resume(state)
     jax.block_until_ready(state)
     # This process's own pace: the time it waits below for slower processes is not part of it.
     timed_seconds = time.perf_counter() - timed_start if timed_start is not None else 0.0
-  except BaseException:
+  except BaseException as error:
+    recovery.on_error(error, step, state, driver)  # A collective that lost its partner: save and exit there.
     driver.finish(state, abandon=True)
     raise
+  distributed.report(step, 'finish')  # It may wait long below for slower processes: no peer takes it for hung.
   state = driver.finish(state)  # Shadow rounds end together on every process: cross-process calls are safe below.
-  checkpointer.save(step, _checkpointed(state, driver.sync_state(), meshes))
-  checkpointer.close()
-  recovery.close()
+  distributed.wait_for_every_process('trained')  # Without rounds, a fast process may be far ahead of a slow one.
+  recovery.finish(step, state, driver.sync_state())
   progress_line.finish()
 
   if step < total_steps:
@@ -251,12 +242,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   if process_index == 0:
     metric_writer.write_summary(workdir, summary)
   return summary
-
-
-def _checkpointed(state_L: step_lib.TrainState, sync_state_R: Any, meshes: replicas.ReplicaMeshes) -> dict[str, Any]:
-  """What a checkpoint holds besides the data position: the job's train state and, for round-based sync, its state
-  (each process writes its own replicas)."""
-  return checkpointing.training_tree(replicas.to_job(state_L, meshes), sync_state_R)
 
 
 def _job_replica_divergence(params_L: Any, meshes: replicas.ReplicaMeshes) -> jax.Array:

@@ -1,5 +1,9 @@
 """Invalid configurations fail before anything compiles, with a message naming the key."""
 
+import gzip
+import importlib
+import os
+
 import pytest
 
 from experiments.configs import default
@@ -71,6 +75,13 @@ def test_default_and_tiny_configs_are_valid_and_have_the_contract_keys(variant):
     ({'sync__min_interval_s': True}, 'sync.min_interval_s'),
     ({'sync__max_overhead': 0.0}, 'sync.max_overhead'),
     ({'sync__max_overhead': 1.0}, 'sync.max_overhead'),
+    ({'data__num_eval_examples': -1}, 'data.num_eval_examples'),
+    ({'data__source': 'criteo', 'data__train_path': 'tests/data/criteo_tiny.tsv,/no/day_1'}, 'data.train_path'),
+    ({'data__source': 'prepared'}, 'data.prepared_dir'),
+    ({'data__source': 'prepared', 'data__prepared_dir': '/no/such/dir'}, 'data.prepared_dir'),
+    ({'model__interaction': 'cross'}, 'model.interaction'),
+    ({'model__interaction': 'dcn', 'model__cross_rank': 0}, 'model.cross_rank'),
+    ({'model__interaction': 'dcn', 'model__cross_layers': 0}, 'model.cross_layers'),
   ],
 )
 def test_invalid_value_names_the_key(overrides, key):
@@ -101,6 +112,27 @@ def test_missing_key_is_named():
   del config.train['eval_batch_size']
   with pytest.raises(config_lib.ConfigError, match=r'train\.eval_batch_size'):
     config_lib.validate(config, num_devices=8)
+
+
+@pytest.mark.parametrize('name', ['criteo_kaggle', 'criteo_terabyte'])
+def test_criteo_configs_read_prepared_data_by_name_and_have_every_key(name):
+  module = importlib.import_module(f'experiments.configs.{name}')
+  for variant in ('', 'local', 'tiny', 'dcn' if name == 'criteo_kaggle' else 'dot'):
+    config = module.get_config(variant)
+    assert config_lib.flat_keys(config).keys() == config_lib.flat_keys(config_lib.base_config()).keys()
+    dataset = name.removeprefix('criteo_') + (f'_{variant}' if variant in ('local', 'tiny') else '')
+    assert config.data.source == 'prepared'
+    assert config.data.prepared_dir.endswith(os.path.join('criteo_click_blocks', dataset))
+    assert (config.data.num_train_examples, config.data.num_eval_examples) == (0, 0)  # The whole days.
+  terabyte = importlib.import_module('experiments.configs.criteo_terabyte').get_config()
+  assert max(terabyte.data.cardinalities) == 40_000_000 and terabyte.model.interaction == 'dcn'
+
+
+def test_a_gzip_file_is_refused_for_reading_at_random(tmp_path):
+  path = tmp_path / 'day_0.gz'
+  path.write_bytes(gzip.compress(b'0\t1\n'))
+  with pytest.raises(config_lib.ConfigError, match='gzip-compressed.*prepare_criteo'):
+    config_lib.validate(_config(data__source='criteo', data__train_path=str(path)), num_devices=8)
 
 
 def test_unknown_variant_is_rejected():

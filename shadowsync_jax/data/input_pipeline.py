@@ -5,30 +5,39 @@
                                               num_train_examples=config.data.num_train_examples, start_step=0):
     ...  # Batch with shapes [R, B, ...]: replica r's slice of global step s
   eval_set = input_pipeline.eval_batch(eval_source, config.data.num_eval_examples)
-  p_true = input_pipeline.eval_true_probability(eval_source, config.data.num_eval_examples)  # None for Criteo
+  p_true = input_pipeline.eval_true_probability(eval_source, config.data.num_eval_examples)  # None for real data
 
 Layout (DESIGN §5): the training stream holds N examples in order. Global step s covers examples
 [s R B, (s + 1) R B), and replica r reads [s R B + r B, s R B + (r + 1) B): disjoint, in stream order and aligned in
 time across replicas. There are N // (R B) steps; a leftover shorter than a global step is not trained on. The
 position in the stream is the step, so a run resumed from a checkpoint at step k passes `start_step=k`.
-Held-out examples are the M that follow the training stream (or the first M rows of a given eval file).
+Held-out examples are the M that follow the training stream (or the first M rows of a given eval file or split).
+Sources: the synthetic stream, Criteo TSV files parsed as they are read (`criteo.source`), or a prepared dataset
+read through grain (`prepared.source`); lengths of 0 in the config mean all of the data (`lengths`).
 """
 
 from collections.abc import Iterator
 import functools
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import grain
 import ml_collections
 import numpy as np
 
-from shadowsync_jax.data import criteo
+from shadowsync_jax.data import lengths
 from shadowsync_jax.data import synthetic
 from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.data.criteo import files as criteo_files
+from shadowsync_jax.data.criteo import source as criteo_source
+from shadowsync_jax.data.prepared import manifest as prepared_manifest
+from shadowsync_jax.data.prepared import source as prepared_source
+
+_GROUP_ROWS = 4096
 
 
 class Source(Protocol):
-  """Anything that reads examples [start, start + count) of a stream: SyntheticSource, CriteoSource, StreamSlice."""
+  """Anything that reads examples [start, start + count) of a stream: SyntheticSource, CriteoSource, PreparedSource,
+  StreamSlice."""
 
   def read(self, start: int, count: int) -> Batch: ...
 
@@ -47,7 +56,7 @@ class StreamSlice:
     return self.source.read(self.offset + start, count)
 
   def true_probability(self, start: int, count: int) -> np.ndarray | None:
-    """The true click probabilities where the source knows them (synthetic data), else None."""
+    """The true click probabilities where the source knows them (synthetic data, generated files), else None."""
     if not hasattr(self.source, 'true_probability'):
       return None
     self._check_range(start, count)
@@ -83,57 +92,92 @@ def train_batches(
   replicas: range | None = None,
 ) -> Iterator[Batch]:
   """Global batches [R, B, ...] for steps start_step .. N // (R B) - 1, produced by `prefetch` grain threads ahead
-  of the consumer (0 = synchronously in the caller's thread). Errors in the threads are raised by `next`.
+  of the consumer (0 = synchronously in the caller's thread). Errors in the threads are raised by `next`, after the
+  steps before the failing one.
 
   `replicas` (a contiguous range, default all R) keeps only those replicas' rows: a process of a multi-process job
-  reads its own replicas' slices and nothing else.
+  reads its own replicas' slices and nothing else. Steps are read in groups of about `_GROUP_ROWS` of this process's
+  rows, one grain element a group: grain's cost per element (its threads' hand-offs) is then paid once a group,
+  which at small batches is most of the cost of reading prepared data.
   """
   steps = num_steps(num_train_examples, num_replicas, batch_size)
   if not 0 <= start_step <= steps:
     raise ValueError(f'start_step={start_step} is outside the {steps} steps of the training stream.')
   if replicas is not None and not (replicas.step == 1 and 0 <= replicas.start < replicas.stop <= num_replicas):
     raise ValueError(f'replicas={replicas} must be a non-empty contiguous range within the {num_replicas} replicas.')
-  read_step = functools.partial(read_global_batch, source, num_replicas, batch_size, replicas=replicas)
-  dataset = grain.MapDataset.range(start_step, steps).map(read_step)
-  return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=prefetch, prefetch_buffer_size=prefetch)))
+  rows_per_step = (num_replicas if replicas is None else len(replicas)) * batch_size
+  group = max(1, _GROUP_ROWS // rows_per_step)
+  read = functools.partial(_read_steps, source, num_replicas, batch_size, replicas, steps, group)
+  dataset = grain.MapDataset.range(start_step, steps, group).map(read)
+  groups = iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=prefetch, prefetch_buffer_size=prefetch)))
+  return _steps_of(groups)  # The groups' iterator exists already: its threads read ahead from now on.
+
+
+class _Steps(NamedTuple):
+  """The global batches of a group of steps, up to the first that failed, and that failure."""
+
+  batches: list[Batch]
+  error: Exception | None
+
+
+def _read_steps(
+  source: Source, num_replicas: int, batch_size: int, replicas: range | None, steps: int, group: int, first: int
+) -> _Steps:
+  batches = []
+  try:
+    for step in range(first, min(first + group, steps)):
+      batches.append(read_global_batch(source, num_replicas, batch_size, step, replicas))
+  except Exception as error:  # pylint: disable=broad-except  (raised in the consumer, in stream order)
+    return _Steps(batches, error)
+  return _Steps(batches, None)
+
+
+def _steps_of(groups: Iterator[_Steps]) -> Iterator[Batch]:
+  for group in groups:
+    yield from group.batches
+    if group.error is not None:
+      raise group.error
 
 
 def make_sources(data_config: ml_collections.ConfigDict, seed: int) -> tuple[StreamSlice, StreamSlice]:
   """(training stream of N examples, held-out set of M) from the `data` config; `seed` seeds the synthetic teacher.
+  Lengths of 0 mean all of the data (`lengths`).
 
-  Raises ValueError naming the config key when a Criteo file has fewer rows than asked for.
+  Raises ValueError naming the config key when the files or the prepared dataset hold fewer rows than asked for.
   """
-  num_train, num_eval = data_config.num_train_examples, data_config.num_eval_examples
   cardinalities = tuple(int(c) for c in data_config.cardinalities)
+  num_train, num_eval = data_config.num_train_examples, data_config.num_eval_examples
   if data_config.source == 'synthetic':
     spec = synthetic.SyntheticSpec(
       seed=seed, cardinalities=cardinalities, zipf_exponent=data_config.zipf_exponent, drift=data_config.drift
     )
     stream = synthetic.SyntheticSource(spec)
+    num_train, num_eval, _ = lengths.resolve(data_config)
     return StreamSlice(stream, 0, num_train), StreamSlice(stream, num_train, num_eval)
   if data_config.source == 'criteo':
-    return _criteo_sources(data_config.train_path, data_config.eval_path, num_train, num_eval, cardinalities)
-  raise ValueError(f"data.source={data_config.source!r} must be 'synthetic' or 'criteo'.")
+    train = criteo_source.CriteoSource(criteo_files.split_paths(data_config.train_path), cardinalities)
+    eval_paths = criteo_files.split_paths(data_config.eval_path)
+    held_out = criteo_source.CriteoSource(eval_paths, cardinalities) if eval_paths else None
+    names = (f'data.train_path={data_config.train_path!r}', f'data.eval_path={data_config.eval_path!r}')
+    return _slices(train, train.file_rows, held_out, num_train, num_eval, names)
+  if data_config.source == 'prepared':
+    version_dir = prepared_manifest.find(data_config.prepared_dir)
+    train = prepared_source.PreparedSource(version_dir, data_config.train_split)
+    prepared_manifest.check_cardinalities(train.manifest, cardinalities, version_dir)
+    eval_split = data_config.eval_split
+    held_out = prepared_source.PreparedSource(version_dir, eval_split) if eval_split else None
+    names = (f'data.train_split={data_config.train_split!r} of {version_dir}', f'data.eval_split={eval_split!r}')
+    train_rows = prepared_manifest.input_rows(train.manifest, data_config.train_split)
+    return _slices(train, train_rows, held_out, num_train, num_eval, names)
+  raise ValueError(f"data.source={data_config.source!r} must be 'synthetic', 'criteo' or 'prepared'.")
 
 
-def _criteo_sources(
-  train_path: str, eval_path: str, num_train: int, num_eval: int, cardinalities: tuple[int, ...]
-) -> tuple[StreamSlice, StreamSlice]:
-  train_file = criteo.CriteoSource(train_path, cardinalities)
-  needed = num_train if eval_path else num_train + num_eval
-  if len(train_file) < needed:
-    what = '' if eval_path else ' + data.num_eval_examples (data.eval_path is empty: eval follows training)'
-    raise ValueError(
-      f'data.num_train_examples{what} = {needed} exceeds the {len(train_file)} rows of data.train_path={train_path!r}.'
-    )
-  if not eval_path:
-    return StreamSlice(train_file, 0, num_train), StreamSlice(train_file, num_train, num_eval)
-  eval_file = criteo.CriteoSource(eval_path, cardinalities)
-  if len(eval_file) < num_eval:
-    raise ValueError(
-      f'data.num_eval_examples={num_eval} exceeds the {len(eval_file)} rows of data.eval_path={eval_path!r}.'
-    )
-  return StreamSlice(train_file, 0, num_train), StreamSlice(eval_file, 0, num_eval)
+def _slices(train: Source, train_rows, held_out: Source | None, num_train: int, num_eval: int, names):
+  """The training stream and the held-out set over a file-backed source (`lengths.split_lengths`)."""
+  stream = lengths.split_lengths(train_rows, None if held_out is None else len(held_out), num_train, num_eval, *names)
+  if held_out is None:
+    return StreamSlice(train, 0, stream.num_train), StreamSlice(train, stream.eval_offset, stream.num_eval)
+  return StreamSlice(train, 0, stream.num_train), StreamSlice(held_out, 0, stream.num_eval)
 
 
 def eval_batch(eval_source: Source, num_eval_examples: int) -> Batch:
@@ -142,7 +186,7 @@ def eval_batch(eval_source: Source, num_eval_examples: int) -> Batch:
 
 
 def eval_true_probability(eval_source: Source, num_eval_examples: int) -> np.ndarray | None:
-  """The teacher's click probabilities of the held-out set (synthetic data), or None (real data)."""
+  """The teacher's click probabilities of the held-out set (synthetic data, generated files), or None (real data)."""
   if not hasattr(eval_source, 'true_probability'):
     return None
   return eval_source.true_probability(0, num_eval_examples)

@@ -139,11 +139,16 @@ class _ZipfTables:
     return rank.reshape(draws_NxT.shape)
 
 
-def _dense_features(draws_NxF: np.ndarray, log_location_F: np.ndarray, log_scale_F: np.ndarray) -> np.ndarray:
-  """log(1 + count), count = floor(exp(location + scale * logistic noise)) >= 0: heavy-tailed like Criteo."""
+def _dense_counts(draws_NxF: np.ndarray, log_location_F: np.ndarray, log_scale_F: np.ndarray) -> np.ndarray:
+  """count = floor(exp(location + scale * logistic noise)) >= 0, float32: heavy-tailed like Criteo's."""
   u = ((draws_NxF >> np.uint32(9)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-23)  # u, 1-u exact.
   logistic = np.log(u / (np.float32(1.0) - u))
-  counts = np.floor(np.exp(log_location_F + log_scale_F * logistic))
+  return np.floor(np.exp(log_location_F + log_scale_F * logistic))
+
+
+def _dense_features(draws_NxF: np.ndarray, log_location_F: np.ndarray, log_scale_F: np.ndarray) -> np.ndarray:
+  """log(1 + count) of `_dense_counts`."""
+  counts = _dense_counts(draws_NxF, log_location_F, log_scale_F)
   return np.log(counts + np.float32(1.0))  # Exact integers in float32: log(c + 1) is log1p, only faster.
 
 
@@ -210,6 +215,12 @@ class SyntheticSource:
   def true_probability(self, start: int, count: int) -> np.ndarray:
     """float32 [count]: the teacher's click probability of the examples [start, start + count)."""
     return self.read_with_probability(start, count)[1]
+
+  def dense_counts(self, start: int, count: int) -> np.ndarray:
+    """float32 [count, 13]: the integer counts whose log(1 + count) are the dense features (the Criteo-format
+    generator writes them; `np.log1p(float64(count))` can differ from the dense feature in the last bit)."""
+    draws = _random_draws(self._key, start, count)
+    return _dense_counts(draws[:, NUM_SPARSE_FEATURES:_LABEL_COLUMN], self._log_location_F, self._log_scale_F)
 
   def read_with_probability(self, start: int, count: int) -> tuple[Batch, np.ndarray]:
     """`read` and `true_probability` in one pass."""

@@ -146,11 +146,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   state = server_lib.init_server_state(config)
   mesh = replicas.make_mesh(num_workers)
-  checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints', config.train.checkpoint_every_steps)
+  checkpointer = checkpointing.Checkpointer(
+    workdir / 'checkpoints', replicas.ReplicaMeshes(mesh, mesh), config.train.checkpoint_every_steps
+  )
   restored = checkpointer.restore_latest(server_lib.stacked_abstract(state, mesh))
   start_step = 0
   if restored is not None:
-    tree, start_step = restored
+    tree, start_step = restored[0], restored[1]['step']
     state = server_lib.server_state_from_checkpoint(tree, workdir)
     print(
       f'Resumed from the checkpoint at step {start_step} of {total_steps} in {workdir} (global step {int(state.step)}).'

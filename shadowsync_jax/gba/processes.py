@@ -286,12 +286,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   state = server_lib.init_server_state(config)
   meshes = replicas.make_meshes(num_workers)
-  checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints', config.train.checkpoint_every_steps)
-  restored = checkpointer.restore_latest(server_lib.stacked_abstract(state, meshes.job))
+  checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints', meshes, config.train.checkpoint_every_steps)
+  restored = checkpointer.restore_latest(server_lib.stacked_abstract(state, meshes.local))
   start_step = 0
   if restored is not None:
-    tree, start_step = restored
-    state = server_lib.server_state_from_checkpoint({'train': replicas.to_local(tree['train'], meshes)}, workdir)
+    tree, start_step = restored[0], restored[1]['step']
+    state = server_lib.server_state_from_checkpoint(tree, workdir)
     print(
       f'Resumed from the checkpoint at step {start_step} of {total_steps} in {workdir} (global step {int(state.step)}).'
     )
@@ -353,10 +353,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       exchange.abandon()
       raise
     rounds, lost_tokens = rounds + exchange.rounds, lost_tokens + exchange.lost_tokens
-    checkpointer.save(
-      boundary,
-      checkpointing.training_tree(replicas.to_job(replicas.replicate(server.state, meshes.local), meshes), None),
-    )
+    checkpointer.save(boundary, checkpointing.training_tree(replicas.replicate(server.state, meshes.local), None))
   checkpointer.close()
   progress_line.finish()
   if stop_step < total_steps:

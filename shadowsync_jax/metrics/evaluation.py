@@ -5,7 +5,7 @@
 
 The consensus model comes from the sync driver: the replica mean, the EA center, or the single model of sync
 SGD (DESIGN §3). `bayes_ne` is the NE of the teacher's true click probabilities on the same examples (synthetic
-data), None for real data.
+data, and Criteo files generated from it), None for real data.
 """
 
 from collections.abc import Callable
@@ -20,6 +20,8 @@ from shadowsync_jax.metrics import ctr as metrics
 from shadowsync_jax.model import dlrm as model_lib
 from shadowsync_jax.model import step as step_lib
 from shadowsync_jax.parallel import replicas
+
+_READ_CHUNK = 1 << 20
 
 
 def make_predict(config: ml_collections.ConfigDict) -> Callable[[Any, np.ndarray, np.ndarray], np.ndarray]:
@@ -43,18 +45,22 @@ def evaluate(config: ml_collections.ConfigDict, params: Any, params_R: Any, eval
   """NE, AUC, log loss and calibration of the consensus model `params`, and the Bayes floor where it is known.
 
   With `config.train.eval_per_replica`, also `ne_per_replica`: the NE of every replica's own model in `params_R`.
+  The held-out set is read in chunks of `_READ_CHUNK` rows (a Criteo day does not fit in memory as one batch); only
+  labels and predictions are kept whole.
   """
-  eval_batch = input_pipeline.eval_batch(eval_source, config.data.num_eval_examples)
+  num_eval = len(eval_source)  # The held-out set's length, as make_sources resolved it (0 in the config = all).
   predict = make_predict(config)
-  probabilities = predict(params, eval_batch.dense, eval_batch.sparse)
-  results = metrics.evaluate(eval_batch.label, probabilities)
-  true_probabilities = input_pipeline.eval_true_probability(eval_source, config.data.num_eval_examples)
-  results['bayes_ne'] = (
-    None if true_probabilities is None else metrics.normalized_entropy(eval_batch.label, true_probabilities)
-  )
+  models = [params, *(replicas.unstack(params_R) if config.train.eval_per_replica else [])]
+  labels, probabilities = [], [[] for _ in models]
+  for start in range(0, num_eval, _READ_CHUNK):
+    chunk = eval_source.read(start, min(_READ_CHUNK, num_eval - start))
+    labels.append(chunk.label)
+    for model_params, out in zip(models, probabilities):
+      out.append(predict(model_params, chunk.dense, chunk.sparse))
+  label_M = np.concatenate(labels)
+  results = metrics.evaluate(label_M, np.concatenate(probabilities[0]))
+  true_probabilities = input_pipeline.eval_true_probability(eval_source, num_eval)
+  results['bayes_ne'] = None if true_probabilities is None else metrics.normalized_entropy(label_M, true_probabilities)
   if config.train.eval_per_replica:
-    results['ne_per_replica'] = [
-      metrics.normalized_entropy(eval_batch.label, predict(replica_params, eval_batch.dense, eval_batch.sparse))
-      for replica_params in replicas.unstack(params_R)
-    ]
+    results['ne_per_replica'] = [metrics.normalized_entropy(label_M, np.concatenate(p)) for p in probabilities[1:]]
   return results

@@ -1,11 +1,16 @@
 """DLRM (Naumov et al. 2019, arXiv:1906.00091) in Flax linen, minus the embedding tables.
 
-  model = DLRM(bottom_mlp=(512, 256, 64, 16), top_mlp=(512, 256, 1))
+  model = DLRM(bottom_mlp=(512, 256, 64, 16), top_mlp=(512, 256, 1))                  # dot interaction
+  model = DLRM(bottom_mlp=(512, 256, 64, 16), top_mlp=(512, 256, 1), interaction='dcn', cross_layers=3,
+               cross_rank=64)                                                         # DLRM-DCNv2
   params = model.init(key, dense_BxF, emb_BxTxD)['params']
   logits_B = model.apply({'params': params}, dense_BxF, emb_BxTxD)
 
 The embedding rows are looked up outside (see `embedding.py`) because they are updated sparsely, not by optax;
 the module sees only their values `emb_BxTxD`. The last bottom layer's width must equal the embedding dim D.
+The interaction is `dot` (the original DLRM: pairwise dots of the T + 1 vectors, beside the bottom output) or
+`dcn` (DLRM-DCNv2, MLPerf's current DLRM: low-rank cross layers over the T + 1 vectors concatenated, `dcn.py`;
+the top MLP reads their output, (T + 1) D wide).
 """
 
 from collections.abc import Sequence
@@ -14,6 +19,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from shadowsync_jax.model import dcn
 
 
 def interaction_pairs(num_vectors: int) -> tuple[np.ndarray, np.ndarray]:
@@ -102,11 +109,17 @@ class MLP(nn.Module):
     return x_BxI
 
 
+INTERACTIONS = ('dot', 'dcn')
+
+
 class DLRM(nn.Module):
-  """Bottom MLP over dense features, dot interaction with the embeddings, top MLP to one logit."""
+  """Bottom MLP over dense features, interaction with the embeddings, top MLP to one logit."""
 
   bottom_mlp: Sequence[int]  # hidden widths, the last one = embedding dim D
   top_mlp: Sequence[int]  # hidden widths, the last one = 1
+  interaction: str = 'dot'  # 'dot' or 'dcn'
+  cross_layers: int = 3  # dcn: low-rank cross layers
+  cross_rank: int = 64  # dcn: rank of each layer
 
   @nn.compact
   def __call__(self, dense_BxF: jax.Array, emb_BxTxD: jax.Array) -> jax.Array:
@@ -115,11 +128,22 @@ class DLRM(nn.Module):
     if self.top_mlp[-1] != 1:
       raise ValueError(f'top_mlp must end with width 1, got {self.top_mlp[-1]}.')
     bottom_BxD = MLP(self.bottom_mlp, name='bottom')(dense_BxF)
-    pairs_BxP = dot_interaction(bottom_BxD, emb_BxTxD)
-    top_in_BxI = jnp.concatenate([bottom_BxD, pairs_BxP], axis=1)
+    if self.interaction == 'dot':
+      top_in_BxI = jnp.concatenate([bottom_BxD, dot_interaction(bottom_BxD, emb_BxTxD)], axis=1)
+    elif self.interaction == 'dcn':
+      cross = dcn.LowRankCrossNet(self.cross_layers, self.cross_rank, name='cross')
+      top_in_BxI = cross(dcn.cross_input(bottom_BxD, emb_BxTxD))
+    else:
+      raise ValueError(f'interaction={self.interaction!r} is not one of {", ".join(INTERACTIONS)}.')
     return MLP(self.top_mlp, final_activation=False, name='top')(top_in_BxI)[:, 0]
 
 
 def from_config(model_config) -> DLRM:
-  """The DLRM of a run's `config.model` section (`bottom_mlp`, `top_mlp`)."""
-  return DLRM(bottom_mlp=tuple(model_config.bottom_mlp), top_mlp=tuple(model_config.top_mlp))
+  """The DLRM of a run's `config.model` section (`bottom_mlp`, `top_mlp`, `interaction`, `cross_*`)."""
+  return DLRM(
+    bottom_mlp=tuple(model_config.bottom_mlp),
+    top_mlp=tuple(model_config.top_mlp),
+    interaction=model_config.interaction,
+    cross_layers=model_config.cross_layers,
+    cross_rank=model_config.cross_rank,
+  )

@@ -1,52 +1,190 @@
-"""The multi-process runtime: `jax.distributed` (gloo on CPU) and a watchdog that stops a process whose peer is gone.
+"""The multi-process runtime: `jax.distributed` (gloo on CPU) and a watchdog that finds a peer gone or hung.
 
   distributed.initialize('127.0.0.1:1234', num_processes=2, process_id=0, peer_timeout_s=30)
   ...                                   # jax.devices(): the job's devices; jax.local_devices(): this process's
+  distributed.report(step, phase='train')      # progress the peers watch: a peer whose step stalls is hung
+  values = distributed.exchange('plan', mine)  # every process's value, in process order (the key-value store)
+  if distributed.peer_lost():                  # at a step boundary: save what survives, exit PEER_LOST
   distributed.fail(error)               # on an exception: ends this process, blaming it or a peer that is gone
   distributed.finish()                  # normal end: the peers stop watching this process; shuts the runtime down
 
 One process per host (or per GPU); the same code on CPU, GPU and TPU. Cross-process collectives go over gloo on
-CPU and NCCL on GPUs. Orbax is switched to the runtime's key-value barriers, so saving a checkpoint from the
-training thread issues no collective beside the shadow thread's (DESIGN §3: one thread per process issues them).
+CPU and NCCL on GPUs. The coordination service runs in process 0 (JAX's way) or, with `start_service=False`, in
+whoever started the job (`launcher`, `coordinator`): then a dead process 0 is a peer like any other, where JAX
+would abort every survivor the moment it died.
 
-A process that dies (killed, crashed) or hangs would leave its peers waiting in a collective for good. So every
-process bumps a heartbeat in the runtime's key-value store once a second, and a watchdog thread ends this process
-(exit code `PEER_LOST_EXIT_CODE`) with a message naming the peer as soon as that peer reported a failure, or when
-its heartbeat has not moved for `peer_timeout_s`, or when the coordinator (process 0) cannot be reached.
+A process that dies (killed, crashed) or hangs would leave its peers waiting in a collective for good. Every
+process publishes a heartbeat in the runtime's key-value store once a second: a counter, and the step and phase
+its training thread last reported. A peer is lost when it reported a failure, when its heartbeat stops for
+`peer_timeout_s` (dead, or stopped), when it is training and its step has not moved for `peer_timeout_s` (hung),
+or when the key-value store itself does not answer for `peer_timeout_s` (a network partition: its calls have no
+deadline, so a guard thread that makes none watches the watchdog). Then `peer_lost()` becomes true: a training
+loop that checks it at its step boundaries (`handle_peer_loss(True)`) gets the time of a few steps to save what it
+holds and exit with `exit_codes.PEER_LOST`; any other process, or one whose training thread is stuck in a collective, is
+ended by the watchdog with that code.
 """
 
+from collections.abc import Callable
+import functools
+import json
 import os
+import signal
+import socket
 import threading
 import time
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from absl import flags
 import jax
 
 from shadowsync_jax.parallel import exit_codes
 
 PEER_LOST_EXIT_CODE = exit_codes.PEER_LOST
 _HEARTBEAT_S = 1.0
+# How long the watchdog waits for a training loop to reach a step boundary (to save and exit by itself): this many
+# of its recent step times, within these bounds.
+_STEP_BOUNDARY_GRACE_STEPS, _STEP_BOUNDARY_GRACE_S = 20, (0.5, 10.0)
 _PREFIX = 'shadowsync'
+_EXCHANGE_TIMEOUT_MS = 300_000
+# Phases in which a process's step may stand still for long (compiling, restoring, evaluating, waiting at the end).
+_STILL_PHASES = ('setup', 'finish')
 
 _watchdog: '_PeerWatchdog | None' = None
 
 
-def initialize(coordinator_address: str, num_processes: int, process_id: int, peer_timeout_s: float = 30.0) -> None:
-  """Joins the job as `process_id` of `num_processes` (process 0 hosts the coordinator at `coordinator_address`)."""
+def initialize(
+  coordinator_address: str,
+  num_processes: int,
+  process_id: int,
+  peer_timeout_s: float = 30.0,
+  start_service: bool = True,
+) -> None:
+  """Joins the job as `process_id` of `num_processes`; process 0 starts the coordination service at
+  `coordinator_address` unless `start_service` is False (it runs elsewhere: `coordinator.host`)."""
   global _watchdog
   if not 0 <= process_id < num_processes:
     raise ValueError(f'process_id={process_id} must be in [0, num_processes={num_processes}).')
   if peer_timeout_s < 2 * _HEARTBEAT_S:
     raise ValueError(f'peer_timeout_s={peer_timeout_s} must be at least {2 * _HEARTBEAT_S} s.')
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.config.update('jax_enable_preemption_service', False)  # Preemption is SIGTERM here (`_on_sigterm`).
+  _bind_gloo_to(local_address_towards(coordinator_address))
   # JAX's own liveness check ends the process with a fatal log; ours, faster, says which peer and why.
-  jax.distributed.initialize(
-    coordinator_address, num_processes, process_id, heartbeat_timeout_seconds=int(3 * peer_timeout_s) + 10
-  )
-  _use_orbax_key_value_barriers()
+  heartbeat_timeout_s = int(3 * peer_timeout_s) + 10
+  if start_service:
+    jax.distributed.initialize(
+      coordinator_address, num_processes, process_id, heartbeat_timeout_seconds=heartbeat_timeout_s
+    )
+  else:
+    _connect_client(coordinator_address, num_processes, process_id, heartbeat_timeout_s)
   _watchdog = _PeerWatchdog(_client(), process_id, num_processes, peer_timeout_s, coordinator_address)
   _watchdog.start()
+  _watch_for_sigterm()
+
+
+def _connect_client(coordinator_address: str, num_processes: int, process_id: int, heartbeat_timeout_s: int) -> None:
+  """What `jax.distributed.initialize` does for a process other than 0: a client of a service run elsewhere."""
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+
+  state = jax_distributed.global_state
+  if state.client is not None:
+    raise RuntimeError('distributed.initialize should only be called once.')
+  state.coordinator_address, state.process_id, state.num_processes = coordinator_address, process_id, num_processes
+  state.client = _jax.get_distributed_runtime_client(
+    coordinator_address, process_id, init_timeout=300, use_compression=True, heartbeat_timeout=heartbeat_timeout_s
+  )
+  state.client.connect()
+
+
+def local_address_towards(coordinator_address: str) -> str:
+  """The address of this host that the kernel would send from to reach the coordinator (no packet is sent)."""
+  host, port = coordinator_address.rsplit(':', 1)
+  host = host.strip('[]')
+  with socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET, socket.SOCK_DGRAM) as sock:
+    sock.connect((host, int(port)))
+    return sock.getsockname()[0]
+
+
+def _bind_gloo_to(address: str) -> None:
+  """JAX makes gloo's collectives without a hostname, so gloo looks up this machine's name, which may resolve to
+  127.0.0.1 (every process then dials its own loopback): give it the address that reaches the peers. Before the
+  CPU backend exists (it is made at the first use of a device)."""
+  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+
+  original = getattr(_jax.make_gloo_tcp_collectives, 'func', _jax.make_gloo_tcp_collectives)
+  _jax.make_gloo_tcp_collectives = functools.partial(original, hostname=address)
+
+
+def active() -> bool:
+  """Whether this process is part of a job of several processes set up by `initialize`."""
+  return _watchdog is not None
+
+
+def report(step: int, phase: str = 'train', checkpoint: int | None = None) -> None:
+  """The training thread's progress (and its newest complete checkpoint, when it knows one), published with the
+  next heartbeat: cheap, call it every step."""
+  if _watchdog is not None:
+    _watchdog.reported(step, phase)
+    if checkpoint is not None:
+      _watchdog.checkpoint = checkpoint
+
+
+def my_step() -> int:
+  """The step this process's training thread last reported."""
+  return _watchdog.step if _watchdog is not None else 0
+
+
+def peer_lost() -> str | None:
+  """Why a peer is lost (or this process was told to stop: SIGTERM), None while every peer is well."""
+  return _watchdog.lost_reason if _watchdog is not None else None
+
+
+def handle_peer_loss(enabled: bool, last_resort: Callable[[str], None] | None = None) -> None:
+  """While enabled, a lost peer is left to the training loop (`peer_lost`), which saves and exits within
+  `_STEP_BOUNDARY_GRACE_S`; otherwise, and after that, the watchdog ends this process, after calling
+  `last_resort(reason)` (the training thread is stuck: save what can be saved without it)."""
+  if _watchdog is not None:
+    _watchdog.loop_handles_loss, _watchdog.last_resort = enabled, last_resort
+
+
+def peer_status() -> dict[int, dict[str, Any]]:
+  """What each peer last reported: its `step` (where a dead peer had got to, for a partial recovery) and its newest
+  complete `checkpoint` (the newest one every process has bounds what a full recovery may need)."""
+  return {peer: dict(status) for peer, status in _watchdog.peer_status.items()} if _watchdog is not None else {}
+
+
+def exchange(name: str, value: Any) -> list[Any]:
+  """Every process's `value` (JSON-able) under `name`, in process order: each publishes, then reads the others'.
+  A synchronization point of the job, through the coordination service (no collective)."""
+  if _watchdog is None:
+    return [value]
+  client, process_id = _client(), _watchdog.process_id
+  client.key_value_set(f'{_PREFIX}/exchange/{name}/{process_id}', json.dumps(value))
+  return [
+    json.loads(client.blocking_key_value_get(f'{_PREFIX}/exchange/{name}/{p}', _EXCHANGE_TIMEOUT_MS))
+    for p in range(_watchdog.num_processes)
+  ]
+
+
+def wait_for_every_process(name: str) -> None:
+  """Returns once every process has called it with `name`: a barrier through the coordination service, with no
+  deadline (a peer that dies meanwhile is the watchdog's to find), for processes far apart in time, e.g. a fast one
+  that finished its stream long before a straggler: the collectives that follow would time out waiting (gloo gives
+  a peer 30 s to join a new group)."""
+  if _watchdog is None:
+    return
+  client = _client()
+  client.key_value_set(f'{_PREFIX}/barrier/{name}/{_watchdog.process_id}', '1')
+  for process in range(_watchdog.num_processes):
+    while _watchdog._try_get(f'{_PREFIX}/barrier/{name}/{process}') is None:  # pylint: disable=protected-access
+      time.sleep(0.2)
+
+
+def exit_peer_lost(message: str) -> NoReturn:
+  """Ends this process with `exit_codes.PEER_LOST` after `message`, without JAX's exit handlers (their shutdown
+  barrier would wait for the peer that is gone)."""
+  os.write(2, f'\nshadowsync: stopping process {jax.process_index()}: {message}.\n'.encode())
+  os._exit(PEER_LOST_EXIT_CODE)  # pylint: disable=protected-access
 
 
 def fail(error: BaseException, exit_code: int = 1) -> NoReturn:
@@ -57,18 +195,20 @@ def fail(error: BaseException, exit_code: int = 1) -> NoReturn:
   the peers are told at once, and stop naming it. Exits without waiting for the peers, as a normal exit would.
   """
   if _watchdog is not None:
-    if _looks_like_a_lost_peer(error):
+    if looks_like_a_lost_peer(error):
       os.write(
         2,
         f'\nshadowsync: process {_watchdog.process_id}: a collective failed; waiting up to '
         f'{_watchdog.timeout_s:g} s to learn whether a peer is gone.\n'.encode(),
       )
+      _watchdog.loop_handles_loss = False
       _watchdog.wait_for_a_lost_peer()
     _watchdog.report_failure(f'{type(error).__name__}: {error}')
   os._exit(exit_code)  # pylint: disable=protected-access
 
 
-def _looks_like_a_lost_peer(error: BaseException) -> bool:
+def looks_like_a_lost_peer(error: BaseException) -> bool:
+  """Whether `error` is what a collective raises when its partner vanished (it names no one)."""
   text = str(error).lower()
   return any(
     sign in text for sign in ('gloo', 'connection closed', 'connection reset', 'unavailable', 'nccl', 'socket')
@@ -91,30 +231,72 @@ def _client():
   return jax_distributed.global_state.client
 
 
-def _use_orbax_key_value_barriers() -> None:
-  """Orbax's default barrier is a collective over all devices; from the training thread it would run beside the
-  shadow thread's collectives. Its flag (an absl flag) switches it to the runtime's key-value barrier."""
-  from orbax.checkpoint._src.multihost import multihost  # pylint: disable=g-import-not-at-top
+def _watch_for_sigterm() -> None:
+  """A scheduler's "stop now" (preemption), or the launcher telling of a dead peer: like a lost peer. Python runs a
+  signal handler only when its main thread runs Python, which it may never do again (stuck behind a collective), so
+  the signal is read from the interpreter's wakeup pipe, written by its C handler, in a thread of its own."""
+  read_end, write_end = os.pipe()
+  os.set_blocking(write_end, False)
+  signal.signal(signal.SIGTERM, lambda *_: None)  # Handled below; the default would end the process at once.
+  signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
 
-  if not flags.FLAGS.is_parsed():  # Used as a library: the flag's value is only read once flags are parsed.
-    flags.FLAGS.mark_as_parsed()
-  flags.FLAGS.experimental_orbax_use_distributed_barrier = True
-  if not multihost.EXPERIMENTAL_ORBAX_USE_DISTRIBUTED_BARRIER.value:
-    raise RuntimeError('could not switch orbax to key-value barriers (experimental_orbax_use_distributed_barrier).')
+  def watch():
+    while True:
+      signals = os.read(read_end, 64)
+      if signal.SIGTERM in signals and _watchdog is not None:
+        _watchdog.lose('told to stop (SIGTERM)')
+
+  threading.Thread(target=watch, name='sigterm-watch', daemon=True).start()
 
 
 class _PeerWatchdog:
   """Bumps this process's heartbeat and watches the peers' (see the module docstring)."""
 
   def __init__(self, client, process_id: int, num_processes: int, timeout_s: float, coordinator_address: str):
-    self._client, self.process_id, self.timeout_s = client, process_id, timeout_s
+    self._client, self.process_id, self.num_processes, self.timeout_s = client, process_id, num_processes, timeout_s
     self._peers = [p for p in range(num_processes) if p != process_id]
     self._coordinator_address = coordinator_address
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, name='peer-watchdog', daemon=True)
+    self.step, self.phase, self.checkpoint = 0, 'setup', None  # Written by the training thread (`report`).
+    self._step_s, self._reported_at = None, None  # A training step's recent duration, and when the last one ended.
+    self.loop_handles_loss = False
+    self.last_resort: Callable[[str], None] | None = None
+    self.lost_reason: str | None = None
+    self._lost_at: float | None = None
+    self.peer_status: dict[int, dict[str, Any]] = {}
 
   def start(self) -> None:
+    self._last_round = time.monotonic()
     self._thread.start()
+    threading.Thread(target=self._guard, name='peer-watchdog-guard', daemon=True).start()
+
+  def _guard(self) -> None:
+    """Watches the watchdog: a key-value call blocks for as long as the coordinator is unreachable."""
+    while not self._stop.wait(_HEARTBEAT_S):
+      stale = time.monotonic() - self._last_round
+      if stale > self.timeout_s:
+        self.lose(
+          f'cannot reach the coordinator at {self._coordinator_address}: no key-value call returned for '
+          f'{stale:.0f} s (peer_timeout_s={self.timeout_s:g}): a network partition, or the coordinator hangs'
+        )
+        self._end_if_due()
+
+  def reported(self, step: int, phase: str) -> None:
+    now = time.monotonic()
+    if phase == 'train' and self.phase == 'train' and step > self.step and self._reported_at is not None:
+      seconds = (now - self._reported_at) / (step - self.step)
+      self._step_s = seconds if self._step_s is None else 0.9 * self._step_s + 0.1 * seconds
+    self.step, self.phase, self._reported_at = step, phase, now
+
+  def grace_s(self) -> float:
+    """How long a training loop may take to reach its next step boundary."""
+    low, high = _STEP_BOUNDARY_GRACE_S
+    return high if self._step_s is None else min(high, max(low, _STEP_BOUNDARY_GRACE_STEPS * self._step_s))
+
+  def lose(self, reason: str) -> None:
+    if self.lost_reason is None:
+      self.lost_reason, self._lost_at = reason, time.monotonic()
 
   def report_failure(self, message: str) -> None:
     try:
@@ -133,34 +315,59 @@ class _PeerWatchdog:
     self._thread.join()
 
   def _run(self) -> None:
-    beats, last_seen = 0, {p: (None, time.monotonic()) for p in self._peers}
+    beats, seen = 0, {p: (None, None, time.monotonic(), time.monotonic()) for p in self._peers}
     while not self._stop.is_set():
       try:
         beats += 1
-        self._client.key_value_set(f'{_PREFIX}/heartbeat/{self.process_id}', str(beats), allow_overwrite=True)
+        beat = json.dumps({'beat': beats, 'step': self.step, 'phase': self.phase, 'checkpoint': self.checkpoint})
+        self._client.key_value_set(f'{_PREFIX}/heartbeat/{self.process_id}', beat, allow_overwrite=True)
         for peer in self._peers:
-          failure = self._try_get(f'{_PREFIX}/failed/{peer}')
-          if failure is not None:
-            self._exit(f'process {peer} failed: {failure}')
-          if self._try_get(f'{_PREFIX}/done/{peer}') is not None:
-            continue
-          beat, since = last_seen[peer]
-          now, current = time.monotonic(), self._try_get(f'{_PREFIX}/heartbeat/{peer}')
-          if current != beat:
-            last_seen[peer] = (current, now)
-          elif now - since > self.timeout_s:
-            self._exit(
-              f'process {peer} sent no heartbeat for {now - since:.0f} s (peer_timeout_s='
-              f'{self.timeout_s:g}): it died, was killed or hangs'
-            )
+          self._watch(peer, seen)
       except Exception as error:  # pylint: disable=broad-except  (the coordinator's key-value store is gone)
         if self._stop.is_set():
           return
-        self._exit(
-          f'lost the coordinator (process 0 at {self._coordinator_address}): it died or was killed '
+        self.lose(
+          f'lost the coordinator at {self._coordinator_address}: it died or was killed '
           f'({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ""})'
         )
-      self._stop.wait(_HEARTBEAT_S)
+      self._last_round = time.monotonic()
+      self._end_if_due()
+      self._stop.wait(_HEARTBEAT_S if self.lost_reason is None else 0.1)
+
+  def _end_if_due(self) -> None:
+    """Once a peer is lost: now, unless the training loop handles it; then after its grace."""
+    if self.lost_reason is not None and not self._stop.is_set():
+      waited = time.monotonic() - self._lost_at
+      if not self.loop_handles_loss or waited > self.grace_s():
+        if self.loop_handles_loss and self.last_resort is not None:
+          self.last_resort(self.lost_reason)  # Exits itself; returns only if it could not.
+        exit_peer_lost(self.lost_reason)
+
+  def _watch(self, peer: int, seen: dict) -> None:
+    """Updates what is known of `peer`; loses it if it failed, went silent or stalled in training."""
+    failure = self._try_get(f'{_PREFIX}/failed/{peer}')
+    if failure is not None:
+      self.lose(f'process {peer} failed: {failure}')
+      return
+    if self._try_get(f'{_PREFIX}/done/{peer}') is not None:
+      return
+    beat, step, beat_since, step_since = seen[peer]
+    now, current = time.monotonic(), self._try_get(f'{_PREFIX}/heartbeat/{peer}')
+    if current != beat:
+      status = json.loads(current) if current else {}
+      self.peer_status[peer] = {'step': status.get('step', 0), 'checkpoint': status.get('checkpoint')}
+      moved = status.get('step') != step or status.get('phase') in _STILL_PHASES
+      seen[peer] = (current, status.get('step'), now, now if moved else step_since)
+    elif now - beat_since > self.timeout_s:
+      self.lose(
+        f'process {peer} sent no heartbeat for {now - beat_since:.0f} s (peer_timeout_s={self.timeout_s:g}): '
+        'it died, was killed or stopped'
+      )
+    if now - seen[peer][3] > self.timeout_s:
+      self.lose(
+        f'process {peer} made no training step for {now - seen[peer][3]:.0f} s (peer_timeout_s='
+        f'{self.timeout_s:g}): it hangs'
+      )
 
   def _try_get(self, key: str) -> str | None:
     try:
@@ -169,8 +376,3 @@ class _PeerWatchdog:
       if 'NOT_FOUND' in str(error) or 'not found' in str(error).lower():
         return None
       raise
-
-  def _exit(self, reason: str) -> None:
-    """Ends this process now: its main thread may be blocked in a collective that will never complete."""
-    os.write(2, f'\nshadowsync: stopping process {self.process_id}: {reason}.\n'.encode())
-    os._exit(PEER_LOST_EXIT_CODE)  # pylint: disable=protected-access

@@ -1,25 +1,30 @@
-"""Starts a job of N processes on this machine (127.0.0.1), streams their output, and fails if any of them fails.
+"""One generation of a job on this machine: its coordinator, N training processes, their output, how it ended.
 
-  code = launcher.launch(['--workdir=/tmp/job', '--config.num_replicas=8', '--config.sync.algorithm=shadow_ma'],
-                         num_processes=2, cpu_devices=4, peer_timeout_s=30, grace_s=60, pin_cpus=False)
+  generation = launcher.Generation(train_args, num_processes=2, cpu_devices=4, peer_timeout_s=30, pin_cpus=False,
+                                   coordinator_port=free_port(), number=0, kill_schedule=schedule)
+  outcome = generation.run(grace_s=60, random_kill=None)   # outcome.codes, outcome.failure, outcome.succeeded
 
-`experiments.launch` is its command line. `train_args` go to every `python -m experiments.train` process, which
-also gets the coordinator address (a free port on 127.0.0.1), `--num_processes` and its `--process_id`; each
-process gets `cpu_devices` virtual CPU devices (so `--config.num_replicas` counts the replicas of the whole job).
-Output lines are prefixed `[p0]`, `[p1]`, .... When a process fails (non-zero exit or a signal), the launcher says
-which and how, gives the others `grace_s` to stop on their own (they notice a dead peer within their
-`peer_timeout_s`), then kills what is left; its exit code is that of the first failure (128 + signal for a signal),
-0 when all succeed. A config every process refuses (one line `error: ...`, exit status 2: `exit_codes`) is printed once,
-however many processes print it, and the launcher exits with status 2.
+`supervisor` runs generations until the job succeeds (`experiments.launch` is its command line). A generation
+starts the coordination service in a process of its own (`coordinator`: so any training process may die without
+taking the others down), then `python -m experiments.train` N times with `train_args`, the coordinator's address,
+`--num_processes`, each its `--process_id` and `--cpu_devices` virtual CPU devices (so `--config.num_replicas`
+counts the replicas of the whole job). Output lines are prefixed `[p0]`, `[p1]`, ...; a usage error every process
+prints (one line `error: ...`, exit status 2: `exit_codes`) is printed once.
 
-`pin_cpus` gives each process its own share of this machine's cores (`sched_setaffinity`), so that processes
-behave like separate hosts, e.g. for the straggler benchmark. On several real hosts, run `experiments.train`
-directly on each (BUILD.md).
+Each process also gets a control pipe (`control`): it writes `ready` when it trains, every step it finishes, and
+`kill STEP` where it was asked to be killed (`fault_injection`); `outcome.steps` is how far each got. When a
+process fails (a non-zero exit, a signal, a kill), the launcher says which and how and sends the others SIGTERM: a
+process then saves what it must and exits with `exit_codes.PEER_LOST` at its next step boundary, without waiting
+for its watchdog to notice. Processes still running `grace_s` later (hung, or stopped) are killed. `pin_cpus`
+gives each process its own share of this machine's cores (`sched_setaffinity`), so that processes behave like
+separate hosts.
 """
 
 import ctypes
+import dataclasses
 import functools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,9 +32,17 @@ import sys
 import threading
 import time
 
+from shadowsync_jax.parallel import control
 from shadowsync_jax.parallel import exit_codes
+from shadowsync_jax.parallel import fault_injection
 
 _PR_SET_PDEATHSIG = 1  # prctl option: the signal a child gets when its parent dies.
+_POLL_S = 0.05
+_COORDINATOR_START_S = 60.0
+# What `distributed.exit_peer_lost` prints: the process stopping, and the peer it lost and how.
+_BLAME = re.compile(r'shadowsync: stopping process \d+: process (\d+) (.*?)\.?$')
+# A survivor's exits: it lost a peer (its own code), or JAX aborted it because the coordinator's host died.
+_PEER_LOST_CODES = (exit_codes.PEER_LOST, -signal.SIGABRT, 128 + signal.SIGABRT)
 
 
 def free_port() -> int:
@@ -52,86 +65,250 @@ def cpu_share(process_id: int, num_processes: int) -> set[int]:
   return set(cores[process_id::num_processes])
 
 
-def launch(
-  train_args: list[str],
-  num_processes: int,
-  cpu_devices: int,
-  peer_timeout_s: float,
-  grace_s: float,
-  pin_cpus: bool,
-  module: str = 'experiments.train',
-  out=sys.stdout,
-) -> int:
-  """Runs the job; returns 0 if every process succeeded, else the exit status of the first that failed."""
-  address = f'127.0.0.1:{free_port()}'
-  processes, pumps = [], []
-  lock, printed_errors = threading.Lock(), set()
-  for process_id in range(num_processes):
+@dataclasses.dataclass
+class Failure:
+  """The first failure of a generation: which process, how, and whether it was injected on purpose."""
+
+  process: int
+  how: str
+  injected: bool = False
+  step: int | None = None
+  time: float = dataclasses.field(default_factory=time.time)  # When it was seen (or done, for a kill).
+
+
+@dataclasses.dataclass
+class Outcome:
+  codes: list[int]
+  failure: Failure | None
+  seconds: float
+  steps: list[int | None]  # The last step each process reported finishing.
+  times: dict[str, float]  # Wall-clock times: 'started' (spawned), 'ready' (every process trains), 'ended'.
+
+  @property
+  def succeeded(self) -> bool:
+    return all(code == 0 for code in self.codes)
+
+  @property
+  def refused(self) -> bool:
+    """Every process refused its command line or config: nothing to restart."""
+    return all(code == exit_codes.USAGE for code in self.codes)
+
+
+class Generation:
+  """One start of the whole job (module docstring)."""
+
+  def __init__(
+    self,
+    train_args: list[str],
+    num_processes: int,
+    cpu_devices: int,
+    peer_timeout_s: float,
+    pin_cpus: bool,
+    coordinator_port: int,
+    number: int = 0,
+    kill_schedule: fault_injection.KillSchedule | None = None,
+    module: str = 'experiments.train',
+    out=sys.stdout,
+  ):
+    self._train_args, self._num_processes, self._cpu_devices = train_args, num_processes, cpu_devices
+    self._peer_timeout_s, self._pin_cpus, self._port, self.number = peer_timeout_s, pin_cpus, coordinator_port, number
+    self._kill_schedule, self._module, self._out = kill_schedule, module, out
+    self._lock = threading.Lock()
+    self._printed_errors: set[str] = set()
+    self._ready: set[int] = set()
+    self._steps: list[int | None] = [None] * num_processes
+    self._times: dict[str, float] = {}
+    self._failure: Failure | None = None
+    self._blamed: Failure | None = None  # The first peer a process said it lost, and how.
+    self._processes: list[subprocess.Popen] = []
+    self._threads: list[threading.Thread] = []
+
+  def say(self, line: str) -> None:
+    with self._lock:
+      print(line, file=self._out, flush=True)
+
+  def run(self, grace_s: float, random_kill: tuple[float, int] | None = None) -> Outcome:
+    """Runs the generation to its end; `random_kill` = (time.monotonic() deadline, process) SIGKILLs that process
+    then (or as soon as every process trains, if later)."""
+    started = time.monotonic()
+    self._times['started'] = time.time()
+    coordinator = self._start_coordinator()
+    try:
+      self._spawn()
+      self._watch(grace_s, random_kill)
+    finally:
+      for process in self._processes:
+        if process.poll() is None:
+          process.kill()
+      coordinator.terminate()
+      try:
+        coordinator.wait(timeout=10)
+      except subprocess.TimeoutExpired:
+        coordinator.kill()
+      for thread in self._threads:
+        thread.join(timeout=10)
+    codes = [process.wait() for process in self._processes]
+    self._times['ended'] = time.time()
+    return Outcome(codes, self._failure, time.monotonic() - started, list(self._steps), dict(self._times))
+
+  def _start_coordinator(self) -> subprocess.Popen:
     command = [
       sys.executable,
       '-u',
       '-m',
-      module,
-      f'--coordinator_address={address}',
-      f'--num_processes={num_processes}',
-      f'--process_id={process_id}',
-      f'--cpu_devices={cpu_devices}',
-      f'--peer_timeout_s={peer_timeout_s}',
-      *train_args,
+      'experiments.coordinator',
+      f'--port={self._port}',
+      f'--num_processes={self._num_processes}',
+      f'--heartbeat_timeout_s={int(3 * self._peer_timeout_s) + 10}',
     ]
-    affinity = cpu_share(process_id, num_processes) if pin_cpus else None
-    process = subprocess.Popen(
+    coordinator = subprocess.Popen(
       command,
       stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT,
       text=True,
-      bufsize=1,
-      preexec_fn=functools.partial(_child_setup, affinity),
+      preexec_fn=functools.partial(_child_setup, None),
+      start_new_session=True,
     )
-    processes.append(process)
-    pump = threading.Thread(target=_pump, args=(process, f'[p{process_id}] ', out, lock, printed_errors), daemon=True)
-    pump.start()
-    pumps.append(pump)
+    deadline, said = time.monotonic() + _COORDINATOR_START_S, []
+    for line in coordinator.stdout:
+      if line.strip() == 'ready':
+        threading.Thread(target=lambda: coordinator.stdout.read(), daemon=True).start()
+        return coordinator
+      said.append(line.rstrip())  # JAX's own notices; shown only if it does not start.
+      if time.monotonic() > deadline:
+        break
+    coordinator.kill()
+    for line in said:
+      self.say(f'[coordinator] {line}')
+    raise RuntimeError(f'the coordinator on port {self._port} did not start (exit {coordinator.wait()}).')
 
-  first_failure, deadline = None, None
-  while any(p.poll() is None for p in processes):
-    for process_id, process in enumerate(processes):
-      code = process.poll()
-      if code not in (None, 0) and first_failure is None:
-        first_failure = (process_id, code)
+  def _spawn(self) -> None:
+    address = f'127.0.0.1:{self._port}'
+    for process_id in range(self._num_processes):
+      read_end, write_end = os.pipe()
+      command = [
+        sys.executable,
+        '-u',
+        '-m',
+        self._module,
+        f'--coordinator_address={address}',
+        '--nostart_coordinator',
+        f'--num_processes={self._num_processes}',
+        f'--process_id={process_id}',
+        f'--cpu_devices={self._cpu_devices}',
+        f'--peer_timeout_s={self._peer_timeout_s}',
+        *self._train_args,
+      ]
+      env = {
+        **os.environ,
+        control.GENERATION_ENV: str(self.number),
+        control.CONTROL_FD_ENV: str(write_end),
+        **(self._kill_schedule.environment(process_id) if self._kill_schedule else {}),
+      }
+      affinity = cpu_share(process_id, self._num_processes) if self._pin_cpus else None
+      process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        env=env,
+        pass_fds=(write_end,),
+        preexec_fn=functools.partial(_child_setup, affinity),
+        start_new_session=True,  # Ctrl-C reaches the launcher alone, which stops its processes in order.
+      )
+      os.close(write_end)
+      self._processes.append(process)
+      for target, args in ((self._pump, (process, process_id)), (self._control, (read_end, process_id))):
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+  def _watch(self, grace_s: float, random_kill: tuple[float, int] | None) -> None:
+    deadline = None
+    while any(p.poll() is None for p in self._processes):
+      going_down = self._failure is not None
+      for process_id, process in enumerate(self._processes):
+        code = process.poll()
+        if code in (None, 0):
+          continue
+        if code in _PEER_LOST_CODES:  # A survivor: the failure is the peer it lost (`_blamed`), not itself.
+          going_down = True
+        elif self._failure is None:
+          self._fail(Failure(process_id, describe_exit(code)), announce=code != exit_codes.USAGE)
+          going_down = True
+      if going_down and deadline is None:
         deadline = time.monotonic() + grace_s
-        if code != exit_codes.USAGE:  # A refused config said so itself, in one line.
-          _say(
-            out,
-            lock,
-            f'[launch] process {process_id} {describe_exit(code)}; waiting up to {grace_s:g} s for the others to stop.',
-          )
-    if deadline is not None and time.monotonic() > deadline:
-      for process_id, process in enumerate(processes):
-        if process.poll() is None:
-          _say(out, lock, f'[launch] process {process_id} did not stop within {grace_s:g} s; killing it.')
-          process.kill()
-    time.sleep(0.1)
-  for pump in pumps:
-    pump.join()
+        self._tell_the_others()
+      if random_kill is not None and self._failure is None:
+        due, victim = random_kill
+        if time.monotonic() >= due and len(self._ready) == self._num_processes:
+          self._kill(victim, Failure(victim, 'was killed by SIGKILL (--kill_mtbf_s)', injected=True))
+      if deadline is not None and time.monotonic() > deadline:
+        for process_id, process in enumerate(self._processes):
+          if process.poll() is None:
+            if self._failure is None:
+              self._fail(Failure(process_id, f'did not stop within {grace_s:g} s of its peers (hung or stopped)'))
+            self.say(f'[launch] process {process_id} did not stop within {grace_s:g} s; killing it.')
+            process.kill()
+      time.sleep(_POLL_S)
+    if self._failure is None and any(p.returncode in _PEER_LOST_CODES for p in self._processes):
+      self._fail(self._blamed or Failure(-1, 'every process lost its peers (the coordinator or the network?)'))
 
-  codes = [p.returncode for p in processes]
-  if all(code == exit_codes.USAGE for code in codes):
-    _say(out, lock, '[launch] every process refused the configuration (the error above); nothing was trained.')
-    return exit_codes.USAGE
-  if first_failure is None:
-    first_failure = next(((i, c) for i, c in enumerate(codes) if c != 0), None)
-  if first_failure is None:
-    _say(out, lock, f'[launch] all {num_processes} processes succeeded.')
-    return 0
-  report = ', '.join(f'process {i} {describe_exit(c)}' for i, c in enumerate(codes))
-  _say(
-    out,
-    lock,
-    f'[launch] FAILED: process {first_failure[0]} failed first ({describe_exit(first_failure[1])}). {report}.',
-  )
-  code = first_failure[1]
-  return 128 - code if code < 0 else code
+  def _fail(self, failure: Failure, announce: bool = True) -> None:
+    with self._lock:
+      if self._failure is not None:
+        return
+      self._failure = failure
+    if announce:
+      self.say(f'[launch] process {failure.process} {failure.how}.')
+
+  def _kill(self, process_id: int, failure: Failure) -> None:
+    self._fail(failure)
+    process = self._processes[process_id]
+    if process.poll() is None:
+      process.send_signal(signal.SIGKILL)
+
+  def _tell_the_others(self) -> None:
+    """SIGTERM to every process still running: a peer is gone (`distributed`'s handler: stop at the next step
+    boundary, after saving what survives)."""
+    for process in self._processes:
+      if process.poll() is None:
+        try:
+          process.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+          pass
+
+  def _pump(self, process: subprocess.Popen, process_id: int) -> None:
+    """Copies a process's lines with its prefix; a usage error another process printed already is dropped."""
+    for line in process.stdout:
+      line = line.rstrip('\n')
+      if line.startswith(exit_codes.ERROR_PREFIX):
+        with self._lock:
+          if line in self._printed_errors:
+            continue
+          self._printed_errors.add(line)
+      blamed = _BLAME.search(line)
+      if blamed and self._blamed is None:
+        self._blamed = Failure(int(blamed.group(1)), blamed.group(2))
+      self.say(f'[p{process_id}] {line}')
+
+  def _control(self, read_end: int, process_id: int) -> None:
+    """A process's control pipe: `ready` when it trains, `step N` after every step, `kill STEP` at the step it is
+    to be killed at."""
+    with os.fdopen(read_end) as pipe:
+      for line in pipe:
+        words = line.split()
+        if len(words) == 2 and words[0] == 'step':
+          self._steps[process_id] = int(words[1])
+        elif words == ['ready']:
+          with self._lock:
+            self._ready.add(process_id)
+            if len(self._ready) == self._num_processes:
+              self._times['ready'] = time.time()
+        elif len(words) == 2 and words[0] == 'kill':
+          step = int(words[1])
+          self._kill(process_id, Failure(process_id, f'was killed by SIGKILL at step {step} (--kill_at)', True, step))
 
 
 def _child_setup(affinity: set[int] | None) -> None:
@@ -142,20 +319,3 @@ def _child_setup(affinity: set[int] | None) -> None:
     pass
   if affinity:
     os.sched_setaffinity(0, affinity)
-
-
-def _pump(process: subprocess.Popen, prefix: str, out, lock: threading.Lock, printed_errors: set[str]) -> None:
-  """Copies a process's lines to `out` with its prefix; a usage error another process printed already is dropped."""
-  for line in process.stdout:
-    line = line.rstrip('\n')
-    if line.startswith(exit_codes.ERROR_PREFIX):
-      with lock:
-        if line in printed_errors:
-          continue
-        printed_errors.add(line)
-    _say(out, lock, prefix + line)
-
-
-def _say(out, lock: threading.Lock, line: str) -> None:
-  with lock:
-    print(line, file=out, flush=True)

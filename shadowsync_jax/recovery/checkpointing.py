@@ -1,71 +1,140 @@
-"""Periodic async orbax checkpoints of the train state and the data position, and resume from the newest one.
+"""Per-process async orbax checkpoints of the train state and the stream position: no process waits for another.
 
-  checkpointer = Checkpointer(workdir / 'checkpoints', every_steps=500)
-  restored = checkpointer.restore_latest(abstract_state)   # (state, data_step) or None on a fresh workdir
+  checkpointer = Checkpointer(workdir / 'checkpoints', meshes, every_steps=500)   # writes .../process_{p}/
+  restored = checkpointer.restore_latest(abstract_state_L)   # (state_L, data) or None on a fresh workdir
   for step in ...:
     if checkpointer.due(step):
-      checkpointer.save(step, state)                       # returns at once; orbax writes in the background
-  checkpointer.close()                                     # waits for the last save
+      checkpointer.save(step, state_L)                      # returns at once; orbax writes in the background
+  checkpointer.close()                                      # waits for the last save
 
   # Partial recovery (CPR): read back only some leaves of a saved step, e.g. the embedding table.
   wanted = checkpointing.keep_leaves(abstract_state, lambda path: path.startswith("['train'].params['embedding']"))
   restored = checkpointer.restore_partial(step, wanted)    # the other leaves come back as checkpointing.SKIPPED
 
-A checkpoint holds two items: `state` (any pytree of arrays: in training, the stacked replica train state and the
-sync state, restored with the shardings of `abstract_state`) and `data` (JSON: the stream position, i.e. the
-global step the next batch starts at). Orbax
-writes each checkpoint into a temporary directory and renames it when complete, so a process killed mid-save
-leaves the previous checkpoint as the newest complete one. In a job of several processes every process calls the
-same methods at the same steps with job-wide arrays; each writes its own replicas' shards.
+Every process checkpoints its own part (its replicas, `meshes.local`) into its own directory, at its own pace,
+with no barrier and no collective (DESIGN §7: checkpoints must not tie every process to the slowest one). Which
+step each process restores after a restart is `restart_plan`'s decision; this module only saves and reads.
+
+A checkpoint holds two items: `state` (any pytree of this process's [L, ...] arrays, restored with the shardings
+of the abstract tree) and `data` (JSON: `step`, the stream position the next batch starts at, and whatever the
+caller adds). Orbax writes each checkpoint into a temporary directory and renames it when complete, so a process
+killed mid-save leaves its previous checkpoint as the newest complete one.
+
+How orbax 0.12.8 writes one process's part alone (the route its own emergency checkpointing takes for host-local
+storage): every barrier is skipped (`active_processes={p}`); this process writes its metadata and every shard it
+holds (`primary_host=None`, `replica_id=None`); directories are created synchronously, so no signal keys go to the
+coordinator's key-value store (their names have no process id: two processes would collide); and the leaves are
+saved as the job-wide view of this process's arrays (orbax refuses a process-local array in a job of several
+processes), so each process restores only its own directory.
 """
 
 from collections.abc import Callable
+import logging
 import pathlib
+import shutil
 from typing import Any
 
+from absl import logging as absl_logging
 import jax
 import orbax.checkpoint as ocp
+from orbax.checkpoint import type_handlers
+from orbax.checkpoint._src.futures import signaling_client
+
+from shadowsync_jax.parallel import replicas
 
 PyTree = Any
 
 SKIPPED = ocp.PLACEHOLDER  # A leaf `restore_partial` does not read (in its argument and in what it returns).
 
+# Orbax's save futures look for signals in the coordinator's key-value store; a process's own saves need none, and
+# the store may be gone with a dead coordinator while a survivor saves its live state: keep them in the process.
+signaling_client.get_signaling_client = signaling_client.ThreadSafeKeyValueSignalingClient
+
+
+class _WithoutSizeLogging(logging.Filter):
+  """Orbax warns at every save that it logs no global sizes for a process saving alone: what is meant here."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return 'Global object size logging disabled' not in record.getMessage()
+
+
+absl_logging.get_absl_logger().addFilter(_WithoutSizeLogging())
+
 
 class Checkpointer:
-  """Owns one orbax CheckpointManager; saves every `every_steps` steps (0 = only when asked with force)."""
+  """This process's orbax checkpoints in `directory/process_{p}`; due every `every_steps` steps (0: when asked)."""
 
-  def __init__(self, directory: str | pathlib.Path, every_steps: int, max_to_keep: int = 2):
-    self._every_steps = every_steps
+  def __init__(
+    self,
+    directory: str | pathlib.Path,
+    meshes: replicas.ReplicaMeshes,
+    every_steps: int = 0,
+    max_to_keep: int | None = 2,
+  ):
+    self._every_steps, self._meshes = every_steps, meshes
+    process = jax.process_index()
+    self.directory = pathlib.Path(directory).absolute() / f'process_{process}'
+    self.directory.mkdir(parents=True, exist_ok=True)  # Orbax refuses to create it with `active_processes`.
+    self._alone = ocp.options.MultiprocessingOptions(
+      primary_host=None, active_processes={process}, barrier_sync_key_prefix=f'process_{process}'
+    )
     self._manager = ocp.CheckpointManager(
-      pathlib.Path(directory).absolute(),
+      self.directory,
       options=ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, enable_async_checkpointing=True, cleanup_tmp_directories=True
+        max_to_keep=max_to_keep,
+        enable_async_checkpointing=True,
+        create=False,
+        cleanup_tmp_directories=True,
+        multiprocessing_options=self._alone,
+        async_options=ocp.options.AsyncOptions(create_directories_asynchronously=False),
       ),
-      item_names=('state', 'data'),
+      item_handlers={
+        'state': self._state_handler(),
+        'data': ocp.JsonCheckpointHandler(multiprocessing_options=self._alone),
+      },
     )
     self._leaf_reader: ocp.Checkpointer | None = None  # For restore_partial, made on first use.
+
+  def _state_handler(self) -> ocp.PyTreeCheckpointHandler:
+    registry = type_handlers.create_type_handler_registry(
+      (jax.Array, type_handlers.ArrayHandler(primary_host=None, replica_id=None, use_replica_parallel=False))
+    )
+    return ocp.PyTreeCheckpointHandler(
+      use_ocdbt=True, use_zarr3=True, multiprocessing_options=self._alone, type_handler_registry=registry
+    )
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def restore_latest(self, abstract_state: PyTree) -> tuple[PyTree, int] | None:
-    """The newest complete checkpoint as (state, data_step), arrays placed like `abstract_state`; None if none."""
-    self._manager.wait_until_finished()  # A save still being written is not a checkpoint yet.
-    step = self._manager.latest_step()
-    if step is None:
-      return None
+  def all_steps(self) -> list[int]:
+    """The steps of the complete checkpoints on disk, ascending (a save being written is not one yet)."""
+    return sorted(self._manager.all_steps())
+
+  def restore(self, step: int, abstract_state: PyTree) -> tuple[PyTree, dict[str, Any]]:
+    """The checkpoint at `step` as (state, data), arrays placed like `abstract_state` (this process's [L, ...])."""
+    self._manager.wait_until_finished()
+    abstract_job = _job_abstract(abstract_state, self._meshes)
     try:
       restored = self._manager.restore(
         step,
-        args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()),
+        args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(item=abstract_job, restore_args=_restore_args(abstract_job)),
+          data=ocp.args.JsonRestore(),
+        ),
       )
-    except ValueError as error:  # Orbax's message lists tree paths; say first what went wrong and what to do.
+    except (ValueError, KeyError, FileNotFoundError) as error:  # Orbax lists tree paths; say first what to do.
       raise ValueError(
-        f'The checkpoint at step {step} in {self._manager.directory} does not match this run (another model, '
-        'sync algorithm or replica count, or an older version of the code). Use a new workdir, or delete that '
-        f'checkpoint directory to start over. Orbax said: {error}'
+        f'The checkpoint at step {step} in {self.directory} does not match this run (another model, sync '
+        'algorithm, replica or process count, or an older version of the code). Use a new workdir, or delete '
+        f'that checkpoint directory to start over. Orbax said: {error}'
       ) from error
-    return restored.state, int(restored.data['step'])
+    return replicas.to_local(restored.state, self._meshes), dict(restored.data)
+
+  def restore_latest(self, abstract_state: PyTree) -> tuple[PyTree, dict[str, Any]] | None:
+    """The newest complete checkpoint as (state, data); None if there is none."""
+    self._manager.wait_until_finished()
+    step = self._manager.latest_step()
+    return None if step is None else self.restore(step, abstract_state)
 
   def restore_partial(self, step: int, abstract_state: PyTree) -> PyTree:
     """The leaves of the checkpoint at `step` that `abstract_state` describes, read without the others.
@@ -77,30 +146,18 @@ class Checkpointer:
     self._manager.wait_until_finished()
     if step not in self._manager.all_steps():
       raise ValueError(
-        f'There is no complete checkpoint at step {step} in {self._manager.directory} (complete: '
-        f'{sorted(self._manager.all_steps())}).'
+        f'There is no complete checkpoint at step {step} in {self.directory} (complete: {self.all_steps()}).'
       )
-    # The manager that saved the item with StandardSave refuses PyTreeRestore for it (orbax 0.12.8); a
-    # checkpointer on the item's directory accepts SKIPPED leaves and reads only the others.
-    restore_args = jax.tree.map(
-      lambda x: (
-        ocp.RestoreArgs()
-        if x is SKIPPED
-        else ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype)
-      ),
-      abstract_state,
-      is_leaf=lambda x: x is SKIPPED,
-    )
+    abstract_job = _job_abstract(abstract_state, self._meshes)
     if self._leaf_reader is None:
-      self._leaf_reader = ocp.PyTreeCheckpointer()
-    return self._leaf_reader.restore(
-      self._manager.directory / str(step) / 'state',
-      args=ocp.args.PyTreeRestore(item=abstract_state, restore_args=restore_args),
+      self._leaf_reader = ocp.Checkpointer(self._state_handler(), multiprocessing_options=self._alone)
+    restored = self._leaf_reader.restore(
+      self.directory / str(step) / 'state',
+      args=ocp.args.PyTreeRestore(item=abstract_job, restore_args=_restore_args(abstract_job)),
     )
-
-  def all_steps(self) -> list[int]:
-    """The steps of the complete checkpoints on disk, ascending."""
-    return sorted(self._manager.all_steps())
+    return jax.tree.map(
+      lambda x: x if x is SKIPPED else replicas.to_local(x, self._meshes), restored, is_leaf=lambda x: x is SKIPPED
+    )
 
   def due(self, step: int) -> bool:
     """Whether `step` is a periodic save point."""
@@ -111,15 +168,33 @@ class Checkpointer:
     must stop to save (drain its workers) stops."""
     return [step for step in range(start_step + 1, stop_step) if self.due(step)] + [stop_step]
 
-  def save(self, step: int, state: PyTree) -> bool:
-    """Starts an async save of `state` as the position `step`, unless that step is saved already; True if started."""
-    if step == self._manager.latest_step():
+  def save(self, step: int, state: PyTree, **data: Any) -> bool:
+    """Starts an async save of this process's `state` as the position `step` (with `data` beside it in the JSON
+    item), unless that step is saved already; True if started."""
+    if step in self._manager.all_steps():
       return False
+    job_state = replicas.to_job(state, self._meshes)
     return self._manager.save(
       step,
-      args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave({'step': step})),
+      args=ocp.args.Composite(state=ocp.args.PyTreeSave(job_state), data=ocp.args.JsonSave({'step': step, **data})),
       force=True,
     )
+
+  def delete_after(self, step: int) -> list[int]:
+    """Deletes the checkpoints newer than `step` (a timeline abandoned by a full recovery); returns their steps."""
+    self._manager.wait_until_finished()
+    newer = [s for s in self._manager.all_steps() if s > step]
+    for s in newer:
+      self._manager.delete(s)
+    return newer
+
+  def delete_before(self, step: int) -> None:
+    """Deletes the checkpoints older than `step` but the newest (those no restart plan can still choose)."""
+    self._manager.wait_until_finished()
+    steps = self.all_steps()
+    for s in steps[:-1]:
+      if s < step:
+        self._manager.delete(s)
 
   def wait(self) -> None:
     self._manager.wait_until_finished()
@@ -130,6 +205,11 @@ class Checkpointer:
     if self._leaf_reader is not None:
       self._leaf_reader.close()
 
+  def remove(self) -> None:
+    """Closes and deletes this process's directory (a live state, once it was restored)."""
+    self.close()
+    shutil.rmtree(self.directory, ignore_errors=True)
+
 
 def keep_leaves(abstract_state: PyTree, keep: Callable[[str], bool]) -> PyTree:
   """`abstract_state` with `SKIPPED` at every leaf whose path (as `jax.tree_util.keystr` writes it, e.g.
@@ -139,11 +219,38 @@ def keep_leaves(abstract_state: PyTree, keep: Callable[[str], bool]) -> PyTree:
   )
 
 
-def training_tree(state_R: PyTree, sync_state_R: PyTree) -> dict[str, PyTree]:
-  """What a training checkpoint's `state` item holds: the job's train state and, for round-based sync, its state."""
-  return {'train': state_R} if sync_state_R is None else {'train': state_R, 'sync': sync_state_R}
+def training_tree(state_L: PyTree, sync_state_L: PyTree) -> dict[str, PyTree]:
+  """What a training checkpoint's `state` item holds: this process's train state and, for round-based sync, its
+  copies of the sync state."""
+  return {'train': state_L} if sync_state_L is None else {'train': state_L, 'sync': sync_state_L}
 
 
 def abstract_like(tree: PyTree) -> PyTree:
   """Shape, dtype and sharding of every leaf: what restore needs to place arrays like a freshly built state."""
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def _job_abstract(abstract_L: PyTree, meshes: replicas.ReplicaMeshes) -> PyTree:
+  """The job-wide view of this process's abstract [L, ...] leaves (`SKIPPED` stays)."""
+  if meshes.job is meshes.local:
+    return abstract_L
+  sharding, num_processes = replicas.replica_sharding(meshes.job), jax.process_count()
+
+  def one(x):
+    if x is SKIPPED:
+      return x
+    return jax.ShapeDtypeStruct((x.shape[0] * num_processes, *x.shape[1:]), x.dtype, sharding=sharding)
+
+  return jax.tree.map(one, abstract_L, is_leaf=lambda x: x is SKIPPED)
+
+
+def _restore_args(abstract: PyTree) -> PyTree:
+  return jax.tree.map(
+    lambda x: (
+      ocp.RestoreArgs()
+      if x is SKIPPED
+      else ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype)
+    ),
+    abstract,
+    is_leaf=lambda x: x is SKIPPED,
+  )

@@ -1,6 +1,7 @@
 """Emulated failures and the recovery from them, at the training loop's step boundaries (DESIGN §7, CPR).
 
-  recovery = recovery_lib.make(config, checkpointer, meshes, workdir, total_steps)
+  recovery = emulated.EmulatedFailures(config, meshes, workdir, total_steps)   # recovery.mode != 'none', 1 process
+  state_L, sync_state_R, start_step = recovery.resume(state_L, sync_state_R)   # the newest checkpoint, if any
   recovery.start(start_step, state_L, sync_state_R)       # the initial checkpoint the first failures reload
   for batch in ...:
     state_L, _ = train_step(state_L, batch_L)
@@ -9,7 +10,7 @@
     state_L, driver, rewind_to = recovery.after_step(step, state_L, driver, batch)
     if rewind_to is not None:                              # full recovery: the data goes back to the checkpoint
       step, batches = rewind_to, batches_from(rewind_to)
-  recovery.close()
+  recovery.finish(step, state_L, sync_state_R)            # the final save
   recovery.summary()    # recovery_overhead_pct, num_failures, estimated_pls, actual_pls, checkpoint_interval_steps
 
 Failures strike on the clock of `failures.FailureSchedule` (training steps executed, re-trained ones included):
@@ -27,6 +28,9 @@ Learning Recommendation with Partial Recovery" (MLSys 2021, arXiv:2011.02999):
 - `cpr_mfu`, `cpr_ssu`: `partial`, and the most used rows are also saved several times per interval
   (`priority_rows`), counted exactly (MFU) or from a sub-sample of the lookups (SSU); a failed row in the newest
   such save comes back from it.
+- `cpr`: CPR's first mechanism (`cost_model.choose`): `cpr_mfu` where partial recovery is expected to cost less,
+  else `full`, decided from the save and restore costs (measured over the first `CALIBRATION_STEPS` steps, during
+  which it recovers as `cpr_mfu`, or emulated), the MTBF and the PLS target; the summary says what it chose and why.
 The sync state (EA center, BMUF global model) is the same on every replica and lives with the sync service, not
 with a shard: partial recovery leaves it as it is, which is what copying it from a live replica gives. A replica
 keeps its step counter (the data position, which does not rewind); with shared tables (one table updated by all
@@ -59,6 +63,7 @@ import numpy as np
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
+from shadowsync_jax.recovery import cost_model
 from shadowsync_jax.recovery import failures
 from shadowsync_jax.recovery import intervals
 from shadowsync_jax.recovery import modes
@@ -92,63 +97,26 @@ class Account:
     return self.saves_s + self.priority_saves_s + self.retrained_s + self.restore_s + self.counting_s
 
 
-class NoFailures:
-  """`recovery.mode='none'`: nothing fails; checkpoints follow `train.checkpoint_every_steps`."""
-
-  mode = 'none'
-
-  def __init__(self, config: ml_collections.ConfigDict):
-    self._every = config.train.checkpoint_every_steps
-
-  def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
-    pass
-
-  def after_step(self, step: int, state_L: Any, driver: Any, batch: Batch) -> tuple[Any, Any, None]:
-    return state_L, driver, None
-
-  def close(self) -> None:
-    pass
-
-  def summary(self) -> dict[str, Any]:
-    return {
-      'recovery_mode': 'none',
-      'num_failures': 0,
-      'recovery_overhead_pct': None,
-      'estimated_pls': None,
-      'actual_pls': None,
-      'checkpoint_interval_steps': self._every or None,
-    }
-
-
-def make(
-  config: ml_collections.ConfigDict,
-  checkpointer: checkpointing.Checkpointer,
-  meshes: replicas.ReplicaMeshes,
-  workdir: str | pathlib.Path,
-  total_steps: int,
-) -> 'NoFailures | Recovery':
-  """The recovery of `config.recovery.mode`."""
-  if config.recovery.mode == 'none':
-    return NoFailures(config)
-  return Recovery(config, checkpointer, meshes, workdir, total_steps)
-
-
-class Recovery:
-  """Failures on a seeded schedule and their recovery (`full`, `partial`, `cpr_mfu`, `cpr_ssu`) in one process."""
+class EmulatedFailures:
+  """Failures on a seeded schedule and their recovery (`full`, `partial`, `cpr_mfu`, `cpr_ssu`, `cpr`) in one
+  process."""
 
   def __init__(
     self,
     config: ml_collections.ConfigDict,
-    checkpointer: checkpointing.Checkpointer,
     meshes: replicas.ReplicaMeshes,
     workdir: str | pathlib.Path,
     total_steps: int,
     schedule: failures.FailureSchedule | None = None,
+    checkpointer: checkpointing.Checkpointer | None = None,
   ):
     recovery = config.recovery
     if meshes.job is not meshes.local:
-      raise ValueError(f'recovery.mode={recovery.mode!r} runs in one process only.')
-    self.mode = recovery.mode
+      raise ValueError(f'recovery.mode={recovery.mode!r} emulates failures in one process only.')
+    checkpointer = checkpointer or checkpointing.Checkpointer(pathlib.Path(workdir) / 'checkpoints', meshes)
+    self.requested_mode = recovery.mode
+    self.mode = 'cpr_mfu' if recovery.mode == 'cpr' else recovery.mode  # `cpr` recovers partially until it chose.
+    self._choice: cost_model.Choice | None = None
     self._config, self._checkpointer, self._meshes = config, checkpointer, meshes
     self._total_steps = total_steps
     self._mtbf = recovery.mtbf_steps
@@ -161,6 +129,11 @@ class Recovery:
     self._cardinalities = [int(c) for c in config.data.cardinalities]
     self._emulated_save = recovery.save_cost_steps if recovery.save_cost_steps > 0 else None
     self._emulated_restore = recovery.restore_cost_steps if recovery.restore_cost_steps > 0 else None
+    if self.requested_mode == 'cpr' and not recovery.checkpoint_every_steps:
+      try:
+        intervals.partial_recovery_interval(recovery.target_pls, self._mtbf, self._num_parts, total_steps)
+      except ValueError:  # Partial recovery cannot hold the target at all: full, from the start.
+        self.mode = 'full'
     self._partial = self.mode in modes.PARTIAL_MODES
     self._interval = recovery.checkpoint_every_steps or None
     if self._interval is None and self._partial:
@@ -193,6 +166,17 @@ class Recovery:
     self._checkpoint_bytes = 0
     self._sync_restarts: list[dict[str, Any]] = []
     self._write_steps: float | None = None  # How long a full save takes to be written, measured by `_calibrate`.
+    self._warm_restore_s: dict[str, float] = {}  # A full and a partial restore, timed warm (`_warm_up`), for `cpr`.
+
+  def resume(self, state_L: Any, sync_state_R: PyTree) -> tuple[Any, PyTree, int]:
+    """The newest checkpoint of a run that stopped (or the state as given, and step 0, on a fresh workdir)."""
+    tree = checkpointing.training_tree(state_L, sync_state_R)
+    restored = self._checkpointer.restore_latest(checkpointing.abstract_like(tree))
+    if restored is None:
+      return state_L, sync_state_R, 0
+    tree, data = restored
+    print(f'Resumed from the checkpoint at step {data["step"]} of {self._total_steps}.')
+    return tree['train'], tree.get('sync'), data['step']
 
   def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
     """Before the first step: the clock starts at `step`; a fresh run saves its initial state to recover from."""
@@ -234,7 +218,16 @@ class Recovery:
     self._last_mark = time.perf_counter()
     return state_L, driver, rewind_to
 
+  def on_error(self, error: BaseException, step: int, state_L: Any, driver: Any) -> None:
+    """An exception in the loop: nothing to save here (a run that dies resumes from its newest checkpoint)."""
+
+  def finish(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
+    """After the last step: the final save, waited for."""
+    self._checkpointer.save(step, checkpointing.training_tree(state_L, sync_state_R))
+    self.close()
+
   def close(self) -> None:
+    self._checkpointer.close()
     if self._saver is not None:
       self._saver.close()
 
@@ -242,7 +235,7 @@ class Recovery:
     """What summary.json gains (`recovery_overhead_pct`, `num_failures`, `estimated_pls`, ...) and the details."""
     account, mean_step_s = self.account, self.account.mean_step_s()
     estimated_pls = actual_pls = 0.0  # Full recovery loses no samples: it trains them again.
-    if self._partial:
+    if self._partial or any('lost_lookups' in f for f in self.failure_log):
       estimated_pls = intervals.expected_pls(self._interval, self._mtbf, self._num_parts, self._total_steps)
       actual_pls = intervals.measured_pls(
         intervals.lost_steps(self._failures, self.checkpoint_steps), self._num_parts, self._total_steps
@@ -281,8 +274,11 @@ class Recovery:
       details['expected_overhead_pct'] = 100 * intervals.expected_full_recovery_overhead(
         self._interval, save_cost_steps, float(restore_steps), self._mtbf, self._total_steps
       )
+    if self._choice is not None:
+      details['cpr_choice'] = self._choice.to_dict()
     return {
-      'recovery_mode': self.mode,
+      'recovery_mode': self.requested_mode,
+      'recovered_as': self.mode,
       'num_failures': len(self._failures),
       'recovery_overhead_pct': 100 * account.overhead_s() / account.step_s if account.step_s else None,
       'estimated_pls': estimated_pls,
@@ -305,7 +301,13 @@ class Recovery:
   # Saves.
 
   def _save_if_due(self, step: int, state_L: Any, driver: Any) -> None:
-    if self._interval is None and self.account.steps >= CALIBRATION_STEPS:
+    if (
+      self.requested_mode == 'cpr'
+      and self._choice is None
+      and (self._emulated_save or self.account.steps >= CALIBRATION_STEPS)
+    ):
+      self._choose(step, state_L, driver)
+    elif self._interval is None and self.account.steps >= CALIBRATION_STEPS:
       self._calibrate(step, state_L, driver)
     elif self._interval and step % self._interval == 0:
       self._save(step, state_L, driver)
@@ -325,6 +327,57 @@ class Recovery:
       math.ceil(self._write_steps),
       intervals.young_interval_steps(self._save_cost_steps(), self._mtbf, self._total_steps),
     )
+
+  def _choose(self, step: int, state_L: Any, driver: Any) -> None:
+    """`cpr`: full or partial recovery from now on, whichever the cost model expects to cost less (CPR's first
+    mechanism). A measured save cost comes from one save with no write in flight, as `_calibrate` measures it."""
+    mean_step_s = self.account.mean_step_s() or 1.0
+    if self._emulated_save is None:
+      self._checkpointer.wait()
+      started = time.perf_counter()
+      self._save(step, state_L, driver)
+      self._checkpointer.wait()
+      self._write_steps = (time.perf_counter() - started) / mean_step_s
+    save = self._save_cost_steps()
+    if self._emulated_restore:
+      full_restore = self._emulated_restore
+      partial_restore = self._emulated_restore * self._failed_fraction()
+    else:
+      full_restore = self._warm_restore_s['full'] / mean_step_s
+      partial_restore = self._warm_restore_s['partial'] / mean_step_s
+    recovery = self._config.recovery
+    self._choice = cost_model.choose(
+      save,
+      full_restore,
+      partial_restore,
+      self._mtbf,
+      self._num_parts,
+      recovery.target_pls,
+      self._total_steps,
+      min_full_interval_steps=math.ceil(self._write_steps or 1),
+      priority_cost_steps=save * self._priority_fraction_of_bytes(),
+      priority_fraction_of_interval=None if self._priority_every else 0.25,
+    )
+    print(f'cpr: {self._choice.why}')
+    if self._choice.mode == 'full':
+      self.mode, self._partial = 'full', False
+      self._interval = self._choice.full_interval_steps
+      if self._saver is not None:
+        self._saver.close()
+        self._saver = None
+    if step % self._interval == 0 and self.checkpoint_steps[-1] != step:
+      self._save(step, state_L, driver)
+
+  def _priority_fraction_of_bytes(self) -> float:
+    """The share of the checkpoint's bytes a priority save writes (none without a priority saver)."""
+    return self._row_bytes(self._saver.rows_per_save) / self._checkpoint_bytes if self._saver is not None else 0.0
+
+  def _failed_fraction(self) -> float:
+    """The share of the checkpoint's bytes one failure reloads under partial recovery."""
+    if self._config.recovery.failure_target == 'replica':
+      return 1 / self._config.num_replicas
+    rows = failures.embedding_shard_rows(self._cardinalities, self._num_shards, 0)
+    return self._row_bytes(len(rows)) / self._checkpoint_bytes
 
   def _save(self, step: int, state_L: Any, driver: Any) -> None:
     started = time.perf_counter()
@@ -363,7 +416,8 @@ class Recovery:
   def _recover_fully(self, struck: list[failures.Failure], step: int, driver: Any) -> tuple[Any, Any, int]:
     """Everything reloads the newest checkpoint (one restore however many parts failed)."""
     started = time.perf_counter()
-    tree, restored_step = self._checkpointer.restore_latest(self._abstract)
+    tree, data = self._checkpointer.restore_latest(self._abstract)
+    restored_step = data['step']
     state_L, sync_state_R = tree['train'], tree.get('sync')
     driver = self._restart_sync(driver, state_L, sync_state_R)
     self._hold(self._emulated_restore, started)
@@ -453,14 +507,28 @@ class Recovery:
 
   def _warm_up(self, step: int, state_L: Any) -> None:
     """Opens the checkpoint readers and compiles the restore programs before the clock starts, as the train step
-    is compiled before timing starts: a restore then costs what it costs in a running system."""
-    if self.mode == 'full':
+    is compiled before timing starts: a restore then costs what it costs in a running system. Under `cpr` both
+    kinds are warmed up, then timed once more for the choice."""
+    if self.mode == 'full' or self.requested_mode == 'cpr':
       self._checkpointer.restore_latest(self._abstract)
-      return
+      started = time.perf_counter()
+      jax.block_until_ready(self._checkpointer.restore_latest(self._abstract))
+      self._warm_restore_s['full'] = time.perf_counter() - started
+      if self.mode == 'full':
+        return
     failure = failures.Failure(step, self._config.recovery.failure_target, 0)
     rows_lost = not (failure.kind == 'replica' and self._shared_tables)  # Whether a failure reloads table rows.
     failed_RxV = np.full((self._config.num_replicas, sum(self._cardinalities)), rows_lost)
     self._reload(state_L, failure, step, failed_RxV, None)
+    if self.requested_mode == 'cpr':
+      one_part_RxV = np.zeros_like(failed_RxV)
+      if failure.kind == 'embedding_shard':
+        one_part_RxV[:, failures.embedding_shard_rows(self._cardinalities, self._num_shards, 0)] = True
+      else:
+        one_part_RxV[0] = rows_lost
+      started = time.perf_counter()
+      jax.block_until_ready(self._reload(state_L, failure, step, one_part_RxV, None))
+      self._warm_restore_s['partial'] = time.perf_counter() - started
     if self._saver is not None:
       rows_K = np.zeros(self._saver.rows_per_save, np.int32)
       values = {

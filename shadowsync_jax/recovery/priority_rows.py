@@ -160,12 +160,7 @@ class PrioritySaver:
   def latest(self) -> tuple[int, np.ndarray, dict[str, np.ndarray]] | None:
     """The newest complete save as (step, rows_K, {leaf: [R, K, ...]}), after waiting for pending ones; or None."""
     self.wait()
-    steps = self._saved_steps()
-    if not steps:
-      return None
-    with np.load(self._directory / f'{steps[-1]}.npz') as saved:
-      values = {name: saved[name] for name in saved.files}
-    return steps[-1], values.pop('rows'), values
+    return read_latest(self._directory)
 
   def close(self) -> None:
     self._hand_over()
@@ -173,7 +168,7 @@ class PrioritySaver:
     self._writer.close()
 
   def _saved_steps(self) -> list[int]:
-    return sorted(int(path.name.removesuffix('.npz')) for path in self._directory.glob('*.npz'))
+    return _saved_steps(self._directory)
 
   def _hand_over(self) -> None:
     if self._uncounted:
@@ -201,3 +196,19 @@ class PrioritySaver:
     os.replace(temporary, path)
     for old in self._saved_steps()[: -self._max_to_keep]:
       (self._directory / f'{old}.npz').unlink()
+
+
+def read_latest(directory: str | pathlib.Path) -> tuple[int, np.ndarray, dict[str, np.ndarray]] | None:
+  """The newest complete save in `directory` as (step, rows_K, {leaf: [R, K, ...]}), or None: what a process that
+  died saved, read before a new saver empties the directory."""
+  directory = pathlib.Path(directory)
+  steps = _saved_steps(directory) if directory.is_dir() else []
+  if not steps:
+    return None
+  with np.load(directory / f'{steps[-1]}.npz') as saved:
+    values = {name: saved[name] for name in saved.files}
+  return steps[-1], values.pop('rows'), values
+
+
+def _saved_steps(directory: pathlib.Path) -> list[int]:
+  return sorted(int(path.name.removesuffix('.npz')) for path in directory.glob('*.npz'))

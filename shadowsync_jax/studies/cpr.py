@@ -2,7 +2,7 @@
 
   from experiments.configs import recovery
   from shadowsync_jax.studies import cpr
-  rows = cpr.run(recovery.get_config(), root='/tmp/cpr')   # no-failure, full, partial, cpr_mfu, cpr_ssu
+  rows = cpr.run(recovery.get_config(), root='/tmp/cpr')   # no failures, full, partial, cpr_mfu, cpr_ssu, cpr
   print(cpr.table(rows))
 
 Every run trains the same config but `recovery.mode`; the failure schedule depends on the seed, the MTBF and the
@@ -21,7 +21,7 @@ import ml_collections
 
 from shadowsync_jax import train
 
-MODES = ('none', 'full', 'partial', 'cpr_mfu', 'cpr_ssu')
+MODES = ('none', 'full', 'partial', 'cpr_mfu', 'cpr_ssu', 'cpr')
 
 
 def config_for(base: ml_collections.ConfigDict, mode: str) -> ml_collections.ConfigDict:
@@ -39,7 +39,8 @@ def run(base: ml_collections.ConfigDict, root: str | pathlib.Path, modes: tuple[
   for mode in modes:
     print(f'--- recovery.mode={mode}', flush=True)
     summary = train.train_and_evaluate(config_for(base, mode), pathlib.Path(root) / mode)
-    rows.append({**summary, 'label': 'no failures' if mode == 'none' else mode})
+    label = {'none': 'no failures', 'cpr': f'cpr (as {summary.get("recovered_as")})'}.get(mode, mode)
+    rows.append({**summary, 'label': label})
   return rows
 
 

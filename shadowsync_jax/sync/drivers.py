@@ -6,7 +6,6 @@
   for step in ...:
     state_L, _ = train_step(state_L, batch_L)
     state_L = driver.after_step(step, state_L)  # foreground: a blocking round every k steps; shadow: merge a result
-    state_L = driver.pause(state_L); save(state_L); driver.resume(state_L)   # around the loop's own collectives
   state_L = driver.finish(state_L)             # ends the rounds (shadow: with every process) and joins the thread
   params = driver.consensus(state_L.params)    # the model to evaluate (DESIGN §3), whole on every device
   driver.stats()                               # sync_rounds, mean/max sync gap, mean round latency; shadow: the pace
@@ -48,11 +47,6 @@ class SyncDriver(Protocol):
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds (`abandon`: at once, the run is failing) and returns the final train state."""
 
-  def pause(self, state_L: Any) -> Any:
-    """Lets the training thread issue collectives (a checkpoint save) until `resume`; returns the train state."""
-
-  def resume(self, state_L: Any) -> None: ...
-
   def consensus(self, params_L: PyTree) -> PyTree:
     """The model to evaluate, one tree without the replica axis (read it with `replicas.fetch`)."""
 
@@ -76,7 +70,9 @@ def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshe
   )
   groups = rounds.SYNCED_GROUPS[sync.what]
   if mode == 'fr':
-    return foreground.ForegroundSync(algorithm, name, meshes, groups, sync.every_k_steps)
+    # Under partial recovery a round whose peer died must leave the live params to be saved: no donation.
+    keep_params = config.recovery.mode not in ('none', 'full')
+    return foreground.ForegroundSync(algorithm, name, meshes, groups, sync.every_k_steps, donate=not keep_params)
   if mode == 'shadow':
     return shadow.ShadowSync(algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead)
   raise ValueError(f'sync.algorithm={sync.algorithm!r} has no driver.')
@@ -106,12 +102,6 @@ class RestartedSync:
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     return self._driver.finish(state_L, abandon)
-
-  def pause(self, state_L: Any) -> Any:
-    return self._driver.pause(state_L)
-
-  def resume(self, state_L: Any) -> None:
-    self._driver.resume(state_L)
 
   def consensus(self, params_L: PyTree) -> PyTree:
     return self._driver.consensus(params_L)

@@ -4,7 +4,7 @@
   driver.start(state_L, driver.initial_sync_state(state_L))
   state_L = driver.after_step(step, state_L)   # every k-th step: a round on the live params, the loop waits for it
 
-The training thread issues every collective, so there is nothing to end or to pause (`drivers.SyncDriver`).
+The training thread issues every collective, so there is no thread to end (`drivers.SyncDriver`).
 """
 
 import time
@@ -20,17 +20,11 @@ PyTree = Any
 
 
 class _TrainingThreadOnly:
-  """A driver without a thread of its own: the training thread issues every collective, so there is nothing to end
-  or to pause."""
+  """A driver without a thread of its own: the training thread issues every collective, so there is nothing to
+  end."""
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     return state_L
-
-  def pause(self, state_L: Any) -> Any:
-    return state_L
-
-  def resume(self, state_L: Any) -> None:
-    pass
 
 
 class NoSync(_TrainingThreadOnly):
@@ -79,9 +73,12 @@ class ForegroundSync(_TrainingThreadOnly):
     meshes: replicas.ReplicaMeshes,
     groups: tuple[str, ...],
     every_k_steps: int,
+    donate: bool = True,
   ):
+    """`donate`: a round updates the params in place; not where a round that fails (a peer died) must leave the
+    live params to be saved (partial recovery of real failures)."""
     self._name, self._meshes, self._groups, self._every = name, meshes, groups, every_k_steps
-    self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job, donate=True)
+    self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job, donate=donate)
     self._consensus_R = algorithms.stacked_consensus(name, meshes.job)
     self._sync_state_R = None
     self._gaps = rounds.GapTracker()

@@ -21,9 +21,8 @@ interval as it stands while it waits. `stats()` reports the pace and what it cam
 Several processes: each runs one such thread, and the threads are the only issuers of cross-process collectives
 (DESIGN §3), one round after the other, so round n of every process meets round n of the others. A process whose
 stream is done keeps serving snapshots from `finish` until every process is done: each round also agrees, by a
-collective, on whether all processes have finished, and all threads stop after that same round. `pause` ends the
-rounds the same way when the training thread needs collectives of its own (a checkpoint save), `resume` restarts
-them.
+collective, on whether all processes have finished, and all threads stop after that same round. Checkpoints need
+no pause: every process saves its own part, with no collective (`recovery.checkpointing`).
 """
 
 import functools
@@ -111,7 +110,6 @@ class ShadowSync:
     self._error: BaseException | None = None
     self._failed = threading.Event()
     self._thread: threading.Thread | None = None
-    self._paused = False
     self._compiled = False
     self._gaps = rounds.GapTracker()
 
@@ -183,21 +181,6 @@ class ShadowSync:
       replicas.reserve_collectives(None)
     self._raise_if_failed()
     return self._step_boundary(state_L, step=None)
-
-  def pause(self, state_L: Any) -> Any:
-    """Before the training thread issues collectives of its own (orbax's, when saving a checkpoint across
-    processes): ends the rounds on every process, as `finish` does; `resume` starts them again. With one process
-    nothing else issues collectives, and the rounds go on."""
-    if self._meshes.job is self._meshes.local or self._thread is None:
-      return state_L
-    state_L = self.finish(state_L)
-    self._paused = True
-    return state_L
-
-  def resume(self, state_L: Any) -> None:
-    if self._paused:
-      self._paused = False
-      self.start(state_L, self._sync_state_R)
 
   def consensus(self, params_L: PyTree) -> PyTree:
     return rounds.consensus(self._consensus_R, self._groups, params_L, self._sync_state_R, self._meshes)

@@ -6,10 +6,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from shadowsync_jax.data import criteo
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.data import synthetic
 from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.data.criteo import source as criteo
 
 TINY = pathlib.Path(__file__).resolve().parent / 'criteo_tiny.tsv'
 
@@ -32,6 +32,9 @@ def _data_config(**overrides) -> ml_collections.ConfigDict:
       source='synthetic',
       train_path='',
       eval_path='',
+      prepared_dir='',
+      train_split='train',
+      eval_split='heldout',
       num_train_examples=1000,
       num_eval_examples=300,
       cardinalities=[50] * 26,

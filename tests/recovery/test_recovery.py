@@ -69,9 +69,9 @@ def _unit_recovery(tmp_path, initial_state, mode, failures_by_step, **overrides)
     num_replicas=2, batch_size=4, data__cardinalities=(CARDINALITY,) * 26, recovery__mode=mode, **overrides
   )
   meshes = replicas.make_meshes(2)
-  checkpointer = checkpointing.Checkpointer(tmp_path / 'checkpoints', every_steps=0)
-  recovery = recovery_lib.Recovery(
-    config, checkpointer, meshes, tmp_path, total_steps=1000, schedule=_Scripted(failures_by_step)
+  checkpointer = checkpointing.Checkpointer(tmp_path / 'checkpoints', meshes)
+  recovery = recovery_lib.EmulatedFailures(
+    config, meshes, tmp_path, total_steps=1000, schedule=_Scripted(failures_by_step), checkpointer=checkpointer
   )
   recovery.start(0, initial_state, None)
   return recovery, foreground.NoSync('none', meshes), checkpointer
@@ -279,10 +279,38 @@ def test_every_kind_of_sync_driver_trains_through_failures(tmp_path, algorithm, 
   assert summary['actual_pls'] > 0 and 0 < summary['recovery']['lost_lookup_fraction'] < 1
 
 
-def test_recovery_is_one_process_only_and_its_keys_are_checked():
-  with pytest.raises(config_lib.ConfigError, match=r'recovery\.mode'):
-    config_lib.validate(_micro(num_replicas=2, recovery__mode='partial'), num_devices=8, num_processes=2)
-  config_lib.validate(_micro(num_replicas=2, recovery__mode='none'), num_devices=8, num_processes=2)
+@pytest.mark.parametrize(
+  'mtbf_steps, target_pls, chosen',
+  [
+    (40.0, 0.2, 'partial'),  # A generous PLS budget: partial recovery saves every ~60 steps, full every ~49...
+    (12.0, 0.05, 'full'),  # ...a strict one at frequent failures: partial would save every ~4 steps.
+  ],
+)
+def test_cpr_chooses_the_recovery_expected_to_cost_less_and_says_why(tmp_path, mtbf_steps, target_pls, chosen):
+  config = _micro(
+    recovery__mode='cpr',
+    recovery__mtbf_steps=mtbf_steps,
+    recovery__target_pls=target_pls,
+    recovery__save_cost_steps=30.0,  # Emulated, so the choice is made before the first step, from known costs.
+    recovery__restore_cost_steps=20.0,
+  )
+  summary = train.train_and_evaluate(config, tmp_path)
+  choice = summary['recovery']['cpr_choice']
+  assert summary['recovery_mode'] == 'cpr' and choice['chosen'] == chosen, choice
+  assert summary['recovered_as'] == ('cpr_mfu' if chosen == 'partial' else 'full')
+  cheaper, dearer = ('partial', 'full') if chosen == 'partial' else ('full', 'partial')
+  assert choice[f'expected_{cheaper}_overhead_pct'] < choice[f'expected_{dearer}_overhead_pct'], choice
+  assert choice['why'].startswith(f'{chosen} recovery is expected to cost less')
+  interval = choice['partial_interval_steps'] if chosen == 'partial' else choice['full_interval_steps']
+  assert summary['checkpoint_interval_steps'] == interval
+  assert summary['num_failures'] >= 1 and summary['eval_ne'] < 1.0
+
+
+def test_recovery_keys_are_checked_and_sync_sgd_recovers_only_fully_across_processes():
+  config_lib.validate(_micro(num_replicas=2, recovery__mode='partial'), num_devices=8, num_processes=2)
+  config_lib.validate(_micro(num_replicas=2, sync__algorithm='sync_sgd', recovery__mode='full'), 8, num_processes=2)
+  with pytest.raises(config_lib.ConfigError, match=r"recovery\.mode='partial'.*sync_sgd.*full"):
+    config_lib.validate(_micro(num_replicas=2, sync__algorithm='sync_sgd', recovery__mode='partial'), 8, 2)
   for key, value in (
     ('mode', 'half'),
     ('failure_target', 'disk'),
@@ -323,7 +351,7 @@ def _in_progress(checkpoints: pathlib.Path) -> list[str]:
 
 def _kill_during_a_save(workdir: pathlib.Path, env: dict[str, str]) -> None:
   """Starts (or resumes) the run and SIGKILLs it as soon as a save is seen in progress after a complete one."""
-  checkpoints = workdir / 'checkpoints'
+  checkpoints = workdir / 'checkpoints' / 'process_0'
   process = subprocess.Popen(
     _train_command(workdir), cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
   )
@@ -346,7 +374,7 @@ def _kill_during_a_save(workdir: pathlib.Path, env: dict[str, str]) -> None:
 
 def test_a_run_killed_while_saving_resumes_from_the_newest_complete_checkpoint(tmp_path, failure_free):
   env = {**os.environ, 'PYTHONPATH': str(REPO_ROOT)}
-  checkpoints = tmp_path / 'checkpoints'
+  checkpoints = tmp_path / 'checkpoints' / 'process_0'
   for _ in range(3):  # A save can complete between seeing it and the kill; then the next save is caught.
     _kill_during_a_save(tmp_path, env)
     if _in_progress(checkpoints):

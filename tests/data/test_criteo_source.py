@@ -6,8 +6,9 @@ import pathlib
 import numpy as np
 import pytest
 
-from shadowsync_jax.data import criteo
 from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.data.criteo import parse
+from shadowsync_jax.data.criteo import source as criteo
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 TINY = REPO_ROOT / 'tests' / 'data' / 'criteo_tiny.tsv'
@@ -102,7 +103,7 @@ def test_missing_file_names_it(tmp_path):
 
 def test_empty_file(tmp_path):
   path = _write(tmp_path, '')
-  with pytest.raises(criteo.CriteoFormatError, match=f'{path}.*empty'):
+  with pytest.raises(parse.CriteoFormatError, match=f'{path}.*empty'):
     criteo.CriteoSource(path, CARDINALITIES)
 
 
@@ -124,8 +125,8 @@ def test_empty_file(tmp_path):
 def test_bad_line_names_file_and_line(tmp_path, bad_line, message):
   path = _write(tmp_path, '\n'.join([_good_line(), _good_line(), bad_line, _good_line()]) + '\n')
   source = criteo.CriteoSource(path, CARDINALITIES)
-  with pytest.raises(criteo.CriteoFormatError, match=f'{path}:3: {message}'):
+  with pytest.raises(parse.CriteoFormatError, match=f'{path}:3: {message}'):
     source.read(0, 4)
-  with pytest.raises(criteo.CriteoFormatError, match=f'{path}:3: '):  # also when the read starts at line 2
+  with pytest.raises(parse.CriteoFormatError, match=f'{path}:3: '):  # also when the read starts at line 2
     source.read(1, 3)
   source.read(3, 1)  # rows around the bad one still read

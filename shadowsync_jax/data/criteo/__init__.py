@@ -1,0 +1,1 @@
+"""Criteo click logs as TSV: the parser, malformed lines, input files and days, the TSV source, the generator."""

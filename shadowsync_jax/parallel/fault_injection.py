@@ -1,0 +1,70 @@
+"""Real failures on purpose: the launcher SIGKILLs processes of a job, at a step (tests) or at random times (studies).
+
+  schedule = fault_injection.KillSchedule.parse(kill_at='1@40,0@90', mtbf_s=0.0, seed=0, num_processes=2)
+  env = schedule.environment(process_id)    # the step that process is to be killed at, if any (`control`)
+  schedule.fired(process_id, step)          # it was: the next start of the job does not kill it there again
+  for gap_s, process in schedule.random_kills(): ...
+
+A kill at a step is deterministic and still a real kill (`control.ControlPipe.reached`): the process reaches the
+step (a checkpoint due there already started: a kill there lands in the save), asks for it and waits; the launcher
+answers with SIGKILL. Each `PROCESS@STEP` fires once, in the first start of the job in which that process reaches
+that step, so `1@40,0@90` kills process 1 at step 40, and process 0 at step 90 after the restart. Random kills are
+exponential in wall-clock time with mean `mtbf_s`, each of a process drawn uniformly, from a seeded generator: the
+same schedule for every run of a study.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from shadowsync_jax.parallel import control
+
+
+@dataclasses.dataclass
+class KillSchedule:
+  """Which process dies when: `kill_at` (process, step) pairs not fired yet, and exponential random kills."""
+
+  kill_at: list[tuple[int, int]]
+  mtbf_s: float
+  seed: int
+  num_processes: int
+
+  @classmethod
+  def parse(cls, kill_at: str, mtbf_s: float, seed: int, num_processes: int) -> 'KillSchedule':
+    """`kill_at`: 'PROCESS@STEP[,PROCESS@STEP...]' or empty."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in kill_at.split(','))):
+      try:
+        process, step = (int(x) for x in item.split('@'))
+      except ValueError:
+        raise ValueError(f'--kill_at={kill_at!r}: expected PROCESS@STEP[,PROCESS@STEP...], e.g. 1@40.') from None
+      if not 0 <= process < num_processes or step < 1:
+        raise ValueError(
+          f'--kill_at={kill_at!r}: process {process} must be below {num_processes} and step {step} at least 1.'
+        )
+      pairs.append((process, step))
+    if mtbf_s < 0:
+      raise ValueError(f'--kill_mtbf_s={mtbf_s} must be >= 0 (0: no random kills).')
+    return cls(pairs, mtbf_s, seed, num_processes)
+
+  def environment(self, process_id: int) -> dict[str, str]:
+    """What process `process_id` of the next start needs to know to be killed at its step: the first kill of it
+    not fired yet."""
+    steps = [step for process, step in self.kill_at if process == process_id]
+    return {control.KILL_AT_STEP_ENV: str(steps[0])} if steps else {}
+
+  def fired(self, process_id: int, step: int) -> None:
+    if (process_id, step) in self.kill_at:
+      self.kill_at.remove((process_id, step))
+
+  def random_kills(self):
+    """An endless iterator of (seconds after the previous kill or the job's start, process) pairs."""
+    if not self.mtbf_s:
+      return iter(())
+    rng = np.random.default_rng([self.seed, 0x4B111])
+
+    def draws():
+      while True:
+        yield float(rng.exponential(self.mtbf_s)), int(rng.integers(self.num_processes))
+
+    return draws()

@@ -1,0 +1,115 @@
+"""What a surviving process keeps when a peer dies: its train state as of its last step, saved before it exits.
+
+  keeper = live_state.LiveKeeper(workdir / 'live' / f'process_{p}')
+  keeper.after_step(step, lambda: tree_L)   # every `every_s` at most: a device copy, to the host in the background
+  keeper.save(step, tree_L)           # at a step boundary (the training thread): exactly this state
+  keeper.save_latest()                # from any thread: the newest host copy (the devices may be stuck)
+  keeper.steps()                      # the steps saved on disk; keeper.restore(step, abstract_L) -> tree_L
+
+A survivor learns of a dead peer at a step boundary (`distributed.peer_lost`), and saves that step's state. But a
+collective whose partner died can block its devices for good (gloo may wait out its own timeout of many minutes):
+the training thread then never reaches a boundary, and its state, donated to the step that waits behind the
+collective, exists nowhere. So a copy of the state goes to host memory every `every_s` seconds (a jitted copy on
+the device, dispatched between steps, so the donated state is not touched; then `device_get` in a thread of its
+own), and whichever thread ends the process writes the newest one. The file is written with numpy, not orbax, so
+that saving needs nothing of the devices or the coordinator: `DIRECTORY/<step>.npz` (a temporary file renamed
+when complete), the leaves by their tree paths.
+"""
+
+from collections.abc import Callable
+import pathlib
+import queue
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PyTree = Any
+
+
+@jax.jit
+def _copy(tree: PyTree) -> PyTree:
+  return jax.tree.map(jnp.copy, tree)
+
+
+class LiveKeeper:
+  """This process's live state: host copies in memory, and the one written when the process must stop."""
+
+  def __init__(self, directory: str | pathlib.Path, every_s: float = 1.0):
+    self.directory = pathlib.Path(directory)
+    self.directory.mkdir(parents=True, exist_ok=True)
+    self._every_s = every_s
+    self._last_copy = -float('inf')
+    self._latest: tuple[int, dict[str, np.ndarray]] | None = None  # (step, host leaves by path)
+    self._lock = threading.Lock()
+    self._copies: queue.Queue = queue.Queue(maxsize=1)
+    threading.Thread(target=self._to_host, name='live-state', daemon=True).start()
+
+  def pace_for(self, tree: PyTree, bytes_per_s: float = 1e8, least_s: float = 0.1) -> float:
+    """Copies as often as `bytes_per_s` of copying allows for `tree`'s size (about 1% of one core's memory
+    bandwidth), at most every `least_s`; returns the interval."""
+    size = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
+    self._every_s = max(least_s, size / bytes_per_s)
+    return self._every_s
+
+  def after_step(self, step: int, tree: Callable[[], PyTree]) -> None:
+    """At a step boundary: starts a host copy of `tree()` if the newest is `every_s` old (never waits for one)."""
+    now = time.monotonic()
+    if now - self._last_copy < self._every_s or self._copies.full():
+      return
+    self._last_copy = now
+    self._copies.put_nowait((step, _copy(tree())))
+
+  def save(self, step: int, tree: PyTree) -> int:
+    """Writes `tree` (ready to read: the training thread at a step boundary); returns its step."""
+    self._write(step, _flatten(jax.device_get(tree)))
+    return step
+
+  def save_latest(self) -> int | None:
+    """Writes the newest host copy, whatever the devices are doing; returns its step (None: there was none)."""
+    with self._lock:
+      latest = self._latest
+    if latest is None:
+      return None
+    self._write(*latest)
+    return latest[0]
+
+  def steps(self) -> list[int]:
+    return sorted(int(path.name.removesuffix('.npz')) for path in self.directory.glob('*.npz'))
+
+  def restore(self, step: int, abstract: PyTree) -> PyTree:
+    """The state saved at `step`, placed like `abstract` (ShapeDtypeStructs with shardings)."""
+    with np.load(self.directory / f'{step}.npz') as saved:
+      leaves = {name: saved[name] for name in saved.files}
+    paths, structure = jax.tree_util.tree_flatten_with_path(abstract)
+    return jax.tree.unflatten(
+      structure, [jax.device_put(leaves[jax.tree_util.keystr(path)], leaf.sharding) for path, leaf in paths]
+    )
+
+  def delete(self) -> None:
+    for path in self.directory.glob('*.npz'):
+      path.unlink()
+
+  def _to_host(self) -> None:
+    while True:
+      step, copy = self._copies.get()
+      host = _flatten(jax.device_get(copy))
+      with self._lock:
+        self._latest = (step, host)
+
+  def _write(self, step: int, leaves: dict[str, np.ndarray]) -> None:
+    path = self.directory / f'{step}.npz'
+    temporary = path.with_suffix('.npz.tmp')
+    with open(temporary, 'wb') as file:
+      np.savez(file, **leaves)
+    temporary.replace(path)
+    for old in self.steps():
+      if old != step:
+        (self.directory / f'{old}.npz').unlink(missing_ok=True)
+
+
+def _flatten(tree: PyTree) -> dict[str, np.ndarray]:
+  return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}

@@ -1,0 +1,53 @@
+"""Which failures a run meets and how it comes back from them: emulated in one process, real otherwise.
+
+  recovery = policies.make(config, meshes, workdir, total_steps)
+  state_L, sync_state_R, step = recovery.resume(state_L, sync_state_R)
+  recovery.start(step, state_L, sync_state_R)
+  for ...:                                                  # the training loop (train.py)
+    state_L, driver, rewind_to = recovery.after_step(step, state_L, driver, batch)
+  recovery.finish(step, state_L, driver.sync_state())
+  recovery.summary()
+
+Both own the run's checkpoints. One process with a `recovery.mode` emulates failures on a seeded schedule
+(`emulated`: the CPR study); everything else meets real failures (`real`: a process of the job dies, the job is
+started again, each process restores what the restart plan gives it), which without a `recovery.mode` is a resume
+from the newest checkpoints.
+"""
+
+import pathlib
+from typing import Any, Protocol
+
+import jax
+import ml_collections
+
+from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.parallel import replicas
+from shadowsync_jax.recovery import emulated
+from shadowsync_jax.recovery import real
+
+PyTree = Any
+
+
+class RecoveryPolicy(Protocol):
+  """What the training loop calls (module docstring)."""
+
+  def resume(self, state_L: Any, sync_state_R: PyTree) -> tuple[Any, PyTree, int]: ...
+
+  def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None: ...
+
+  def after_step(self, step: int, state_L: Any, driver: Any, batch: Batch) -> tuple[Any, Any, int | None]: ...
+
+  def on_error(self, error: BaseException, step: int, state_L: Any, driver: Any) -> None: ...
+
+  def finish(self, step: int, state_L: Any, sync_state_R: PyTree) -> None: ...
+
+  def summary(self) -> dict[str, Any]: ...
+
+
+def make(
+  config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes, workdir: str | pathlib.Path, total_steps: int
+) -> RecoveryPolicy:
+  """The policy of `config.recovery.mode` for a job of `jax.process_count()` processes."""
+  if config.recovery.mode != 'none' and jax.process_count() == 1:
+    return emulated.EmulatedFailures(config, meshes, workdir, total_steps)
+  return real.RealFailures(config, meshes, workdir, total_steps)

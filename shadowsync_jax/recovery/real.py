@@ -1,0 +1,420 @@
+"""Real failures: a process of the job dies (killed, crashed, hung) and the job comes back, fully or partially.
+
+  recovery = real.RealFailures(config, meshes, workdir, total_steps)
+  state_L, sync_state_R, step = recovery.resume(state_L, sync_state_R)   # what the restart plan says to restore
+  recovery.start(step, state_L, sync_state_R)
+  for ...:
+    ...
+    state_L, driver, _ = recovery.after_step(step, state_L, driver, batch)   # saves; a lost peer: save, exit
+  recovery.finish(step, state_L, driver.sync_state())                       # the final save
+  recovery.summary()
+
+Every process checkpoints its own part (`checkpointing`, no barrier) at its own pace, on step numbers shared by
+all (every `interval` steps), and writes down in the job's history what it restored and when it lost a peer.
+When a peer is lost (`distributed.peer_lost`, or a collective that failed), a process under partial recovery
+first saves its live state (`live_state`: its train state and sync state of its last step, or of its newest host
+copy when its devices are stuck), then every process exits with `exit_codes.PEER_LOST`, and whoever runs the job
+(`supervisor`, or a cluster's restart loop) starts it again. Then all processes agree on what each restores
+(`restart_plan`, through one exchange):
+- `none` (no recovery configured): a resume from the newest checkpoints (a consistent cut for lock-step
+  algorithms, each its own newest otherwise);
+- `full`: the newest checkpoint all processes have; the data rewinds, the lost steps are trained again;
+- `partial`, `cpr_mfu`, `cpr_ssu`: the survivors their live state, the dead process its newest checkpoint (and,
+  CPR-MFU/SSU, the rows of its newest priority save that are newer) and nobody rewinds: the steps the dead process
+  missed are lost updates of its replicas, the PLS;
+- `cpr`: CPR's first mechanism (`cost_model.choose`), decided once after `CALIBRATION_STEPS` steps from the costs
+  every process measured, and kept by the history for the restarts.
+Checkpoint intervals: `train.checkpoint_every_steps` under `none`; Young's interval from the measured save cost
+and `recovery.mtbf_steps` (the expected MTBF) under `full`; the longest interval under `recovery.target_pls`
+(the parts being the processes) under the partial modes; `recovery.checkpoint_every_steps` where set.
+"""
+
+import pathlib
+import time
+from typing import Any
+
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.parallel import control
+from shadowsync_jax.parallel import distributed
+from shadowsync_jax.parallel import history
+from shadowsync_jax.parallel import replicas
+from shadowsync_jax.recovery import checkpointing
+from shadowsync_jax.recovery import cost_model
+from shadowsync_jax.recovery import intervals
+from shadowsync_jax.recovery import live_state
+from shadowsync_jax.recovery import modes
+from shadowsync_jax.recovery import priority_rows
+from shadowsync_jax.recovery import restart_plan
+from shadowsync_jax.recovery import restore
+
+PyTree = Any
+CALIBRATION_STEPS = 20  # Steps timed before a measured save cost sets an interval (and `cpr` chooses).
+LIVE_MODES = (*modes.PARTIAL_MODES, 'cpr')  # Whose survivors keep their live state.
+
+
+class RealFailures:
+  """Checkpoints, the restart plan and the exit on a lost peer, for one process of a job (any number of them)."""
+
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    meshes: replicas.ReplicaMeshes,
+    workdir: str | pathlib.Path,
+    total_steps: int,
+  ):
+    recovery = config.recovery
+    self.requested_mode = recovery.mode
+    self._config, self._meshes, self._workdir, self._total_steps = config, meshes, pathlib.Path(workdir), total_steps
+    self._process, self._processes = jax.process_index(), jax.process_count()
+    self._generation = control.generation()
+    self._writer = f'process_{self._process}'
+    algorithm = config.sync.algorithm
+    self._lock_step = algorithm == 'sync_sgd' or algorithm.startswith('fr_')
+    self._choice: cost_model.Choice | None = None
+    self.mode = self._decided_mode()
+    keep_older = self.mode == 'full' or self.requested_mode == 'cpr' or self._lock_step  # A common cut may need them.
+    self._checkpointer = checkpointing.Checkpointer(
+      self._workdir / 'checkpoints', meshes, max_to_keep=None if keep_older else 2
+    )
+    self._live = None
+    if self.requested_mode in LIVE_MODES:
+      self._live = live_state.LiveKeeper(self._workdir / 'live' / self._writer)  # Its copy rate: set in `start`.
+    self._interval = self._configured_interval()
+    self._saver: priority_rows.PrioritySaver | None = None
+    self._control = control.ControlPipe.from_environment()
+    self._saved: list[int] = []  # Steps of this generation's saves, in order.
+    self._timing: tuple[float, int] | None = None  # (time, step) once the first step has run.
+    self._restored: dict[str, Any] = {}
+
+  # The restart plan.
+
+  def resume(self, state_L: Any, sync_state_R: PyTree) -> tuple[Any, PyTree, int]:
+    """Restores what the restart plan gives this process (nothing on a fresh workdir); returns the state, the sync
+    state (job-wide, as the sync drivers hold it) and the step the stream goes on from."""
+    sync_state_L = self._local(sync_state_R)
+    distributed.report(0, 'setup')
+    reached = history.positions_reached(self._workdir, self._generation - 1) if self._generation else {}
+    live_steps = self._live.steps() if self._live is not None else []
+    mine = restart_plan.Holdings(tuple(self._checkpointer.all_steps()), tuple(live_steps), reached)
+    everyone = [restart_plan.Holdings.from_json(h) for h in distributed.exchange('holdings', mine.to_json())]
+    plan = restart_plan.plan(self._plan_mode(), self._lock_step, everyone)
+    source, restored_step = plan.restore[self._process]
+    position = plan.position[self._process]
+    abstract = checkpointing.abstract_like(checkpointing.training_tree(state_L, sync_state_L))
+    if self._plan_mode() == 'full' or (self._plan_mode() == 'none' and self._lock_step):
+      self._checkpointer.delete_after(restored_step)  # Everyone went back to a common cut: past it, a lost timeline.
+    started = time.perf_counter()
+    tree = checkpointing.training_tree(state_L, sync_state_L)
+    if source == 'live':
+      tree = self._live.restore(restored_step, abstract)
+    elif source == 'checkpoint':
+      tree, _ = self._checkpointer.restore(restored_step, abstract)
+    state_L, sync_state_L = tree['train'], tree.get('sync')
+    if source == 'checkpoint' and self.mode in ('cpr_mfu', 'cpr_ssu') and position > restored_step:
+      state_L = self._newer_priority_rows(state_L, restored_step, position)
+    if position != restored_step:  # The replicas go on from the new position: their step counters too.
+      counters = np.full(state_L.step.shape, position, state_L.step.dtype)
+      state_L = state_L._replace(step=jax.device_put(counters, state_L.step.sharding))
+    sync_state_L = self._agreed_sync_state(sync_state_L, plan)
+    jax.block_until_ready((state_L, sync_state_L))
+    sync_state_R = None if sync_state_L is None else replicas.to_job(sync_state_L, self._meshes)
+    restore_s = time.perf_counter() - started
+    self._restored = {
+      'restored': source,
+      'restored_step': restored_step,
+      'position': position,
+      'restore_s': restore_s,
+      'skipped_steps': plan.skipped(self._process),
+      # Where the data rewinds (full recovery), the steps this process had trained past its restore are trained again.
+      'retrained_steps': max(0, reached.get(self._process, position) - position),
+    }
+    history.append(
+      self._workdir,
+      self._writer,
+      {'event': 'start', 'generation': self._generation, 'process': self._process, **self._restored},
+    )
+    if self._processes == 1 and source == 'checkpoint' and not self._generation:
+      print(f'Resumed from the checkpoint at step {restored_step} of {self._total_steps} in {self._workdir}.')
+    elif source != 'init' or self._generation:
+      what = {'live': 'its live state', 'checkpoint': 'its checkpoint', 'init': 'the initial state'}[source]
+      print(
+        f'Process {self._process} restored {what} of step {restored_step}; its stream goes on at step {position} '
+        f'({self._plan_mode()} plan, start {self._generation + 1}).'
+      )
+    if self.mode in ('cpr_mfu', 'cpr_ssu'):
+      self._saver = self._make_saver()
+    return state_L, sync_state_R, position
+
+  def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
+    if self._live is not None:
+      self._live.pace_for(checkpointing.training_tree(state_L, self._local(sync_state_R)))
+    distributed.handle_peer_loss(True, last_resort=self._stop_stuck)
+    distributed.report(step, 'setup')
+
+  # The loop.
+
+  def after_step(self, step: int, state_L: Any, driver: Any, batch: Batch) -> tuple[Any, Any, None]:
+    """At the boundary after data step `step`: a lost peer ends the process here (after saving the live state);
+    otherwise the checkpoint and priority save due, and a kill the launcher was asked for."""
+    reason = distributed.peer_lost()
+    if reason is not None:
+      self._stop_for_a_lost_peer(step, state_L, self._local(driver.sync_state()), reason)
+    if self._timing is None:
+      self._timing = (time.perf_counter(), step)  # The first step compiled: the clock starts after it.
+      self._control.ready()
+    distributed.report(step, 'train', checkpoint=self._saved[-2] if len(self._saved) > 1 else None)
+    if self._saver is not None:
+      self._saver.count(batch.sparse)
+    if self._live is not None:
+      self._live.after_step(step, lambda: checkpointing.training_tree(state_L, self._local(driver.sync_state())))
+    steps_timed = step - self._timing[1]
+    if self._needs_calibration() and steps_timed >= CALIBRATION_STEPS:
+      self._calibrate(step, state_L, driver)
+    elif self._interval and step % self._interval == 0:
+      self._save(step, state_L, self._local(driver.sync_state()))
+    elif self._saver is not None and step % self._priority_interval() == 0:
+      self._saver.save(step, restore.row_leaves(state_L))
+    self._control.step(step)
+    self._control.reached(step)
+    return state_L, driver, None
+
+  def on_error(self, error: BaseException, step: int, state_L: Any, driver: Any) -> None:
+    """An exception in the loop: if it is a collective that lost its partner, save what survives and exit (never
+    returns then); otherwise returns, and the error goes on."""
+    if distributed.active() and distributed.looks_like_a_lost_peer(error):
+      self._stop_for_a_lost_peer(
+        step, state_L, self._local(driver.sync_state()), f'a collective failed: {str(error)[:200]}'
+      )
+
+  def finish(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
+    """After the last step: the final save (this process's part), waited for."""
+    distributed.handle_peer_loss(False)
+    distributed.report(step, 'finish')
+    self._checkpointer.save(step, checkpointing.training_tree(state_L, self._local(sync_state_R)))
+    self.close()
+
+  def close(self) -> None:
+    self._checkpointer.close()
+    if self._saver is not None:
+      self._saver.close()
+
+  def summary(self) -> dict[str, Any]:
+    """What summary.json gains: the mode (and what `cpr` chose), the interval, the job's failures and restores
+    from its history, the expected and actual PLS."""
+    job = history.summarize(self._workdir, self._total_steps, self._processes)
+    estimated_pls = None
+    if self.mode in modes.PARTIAL_MODES and self._interval:
+      estimated_pls = intervals.expected_pls(
+        self._interval, self._config.recovery.mtbf_steps, self._processes, self._total_steps
+      )
+    details = {'failures_are': 'real', 'generation': self._generation, 'this_process': self._restored, **job}
+    if self._choice is not None:
+      details['cpr_choice'] = self._choice.to_dict()
+    if self.requested_mode == 'none' and not job['num_restarts']:
+      details = None  # Nothing failed and nothing was asked: no details.
+    return {
+      'recovery_mode': self.requested_mode,
+      'recovered_as': self.mode,
+      'num_failures': job['num_failures'],
+      'recovery_overhead_pct': None,  # Wall clock across restarts: the supervisor's figure (benchmarks.real_failures).
+      'estimated_pls': estimated_pls,
+      'actual_pls': job['actual_pls'],  # Of every partial restart (none under full recovery).
+      'checkpoint_interval_steps': self._interval,
+      'recovery': details,
+    }
+
+  # Modes and intervals.
+
+  def _decided_mode(self) -> str:
+    """The mode in force: `cpr` recovers partially until it chose, and keeps its choice across restarts."""
+    if self.requested_mode != 'cpr':
+      return self.requested_mode
+    choice = history.latest(self._workdir, 'cpr_choice')
+    if choice is None:
+      return 'cpr_mfu'
+    self._choice = cost_model.Choice(**choice['choice'])
+    return 'cpr_mfu' if self._choice.mode == 'partial' else 'full'
+
+  def _plan_mode(self) -> str:
+    return 'partial' if self.mode in modes.PARTIAL_MODES else self.mode
+
+  def _configured_interval(self) -> int | None:
+    """The checkpoint interval known before any step runs; None: measured first (`_calibrate`)."""
+    recovery = self._config.recovery
+    if self.requested_mode == 'none':
+      return self._config.train.checkpoint_every_steps or None
+    if recovery.checkpoint_every_steps:
+      return recovery.checkpoint_every_steps
+    calibrated = history.latest(self._workdir, 'calibration')
+    if calibrated is not None and (self.mode == 'full' or self._choice is not None):
+      return calibrated['interval']
+    if self.mode == 'full':
+      return None
+    return self._partial_interval()
+
+  def _partial_interval(self) -> int:
+    recovery = self._config.recovery
+    try:
+      return intervals.partial_recovery_interval(
+        recovery.target_pls, recovery.mtbf_steps, self._processes, self._total_steps
+      )
+    except ValueError:  # Unreachable (validated away but under `cpr`, which then chooses full).
+      return 1
+
+  def _needs_calibration(self) -> bool:
+    if self.requested_mode == 'cpr':
+      return self._choice is None
+    return self._interval is None and self.mode == 'full'
+
+  def _calibrate(self, step: int, state_L: Any, driver: Any) -> None:
+    """Measures a save and a restore with nothing in flight, and agrees with every process on the interval (and,
+    under `cpr`, the mode): one exchange; process 0 writes the outcome into the history for the restarts."""
+    mean_step_s = (time.perf_counter() - self._timing[0]) / max(1, step - self._timing[1])
+    self._checkpointer.wait()
+    started = time.perf_counter()
+    tree = checkpointing.training_tree(state_L, self._local(driver.sync_state()))
+    self._checkpointer.save(step, tree)
+    save_s = time.perf_counter() - started
+    self._checkpointer.wait()
+    write_s = time.perf_counter() - started
+    started = time.perf_counter()
+    jax.block_until_ready(self._checkpointer.restore(step, checkpointing.abstract_like(tree)))
+    restore_s = time.perf_counter() - started
+    self._saved.append(step)
+    measured = {'step_s': mean_step_s, 'save_s': save_s, 'write_s': write_s, 'restore_s': restore_s}
+    costs = distributed.exchange('calibration', measured)
+    worst = {key: max(c[key] for c in costs) for key in measured}  # The job goes at its slowest process's pace.
+    save_steps, restore_steps = worst['save_s'] / worst['step_s'], worst['restore_s'] / worst['step_s']
+    recovery = self._config.recovery
+    write_steps = int(np.ceil(worst['write_s'] / worst['step_s']))
+    full_interval = max(write_steps, intervals.young_interval_steps(save_steps, recovery.mtbf_steps, self._total_steps))
+    if self.requested_mode == 'cpr':
+      self._choice = cost_model.choose(
+        save_steps,
+        restore_steps,
+        restore_steps,  # A dead process restores its whole part either way.
+        recovery.mtbf_steps,
+        self._processes,
+        recovery.target_pls,
+        self._total_steps,
+        min_full_interval_steps=write_steps,
+      )
+      self.mode = 'cpr_mfu' if self._choice.mode == 'partial' else 'full'
+      self._interval = self._partial_interval() if self._choice.mode == 'partial' else self._choice.full_interval_steps
+      if self._choice.mode == 'full' and self._saver is not None:
+        self._saver.close()
+        self._saver = None
+      print(f'cpr: {self._choice.why}')
+    else:
+      self._interval = full_interval
+    if self._process == 0:
+      history.append(self._workdir, 'process_0', {'event': 'calibration', 'interval': self._interval, 'costs': worst})
+      if self._choice is not None:
+        history.append(self._workdir, 'process_0', {'event': 'cpr_choice', 'choice': self._choice._asdict()})
+
+  # Saves.
+
+  def _save(self, step: int, state_L: Any, sync_state_L: PyTree) -> None:
+    self._checkpointer.save(step, checkpointing.training_tree(state_L, sync_state_L))
+    self._saved.append(step)
+    if self.mode == 'full' or self._lock_step:  # Drop what no consistent cut can need any more.
+      oldest_needed = min([self._saved[-2] if len(self._saved) > 1 else 0] + self._peer_checkpoints())
+      self._checkpointer.delete_before(oldest_needed)
+
+  def _peer_checkpoints(self) -> list[int]:
+    return [status['checkpoint'] or 0 for status in distributed.peer_status().values()]
+
+  def _priority_interval(self) -> int:
+    return self._config.recovery.priority_every_steps or max(1, (self._interval or 4) // 4)
+
+  def _make_saver(self) -> priority_rows.PrioritySaver:
+    recovery = self._config.recovery
+    return priority_rows.PrioritySaver(
+      self._priority_directory(),
+      [int(c) for c in self._config.data.cardinalities],
+      recovery.priority_fraction,
+      sample_rate=recovery.ssu_sample_rate if self.mode == 'cpr_ssu' else None,
+      seed=self._config.seed,
+    )
+
+  def _priority_directory(self) -> pathlib.Path:
+    return self._workdir / 'priority_rows' / self._writer
+
+  def _newer_priority_rows(self, state_L: Any, checkpoint_step: int, position: int) -> Any:
+    """The rows of this process's newest priority save newer than its checkpoint (and not past `position`) over
+    the restored ones: CPR-MFU/SSU's gain for a process that died."""
+    saved = priority_rows.read_latest(self._priority_directory())
+    if saved is None or not checkpoint_step < saved[0] <= position:
+      return state_L
+    _, rows_K, values = saved
+    live = restore.row_leaves(state_L)
+    num_local = state_L.step.shape[0]
+    recovered = restore.recover_rows(
+      live,
+      jnp.zeros((num_local, live['table'].shape[1]), bool),
+      live,
+      jnp.asarray(rows_K),
+      values,
+      jnp.ones((num_local, len(rows_K)), bool),
+    )
+    return restore.with_row_leaves(state_L, restore.placed_like(recovered, live))
+
+  def _local(self, sync_state_R: PyTree) -> PyTree:
+    """This process's copies of the job-wide sync state (what its checkpoints hold)."""
+    return None if sync_state_R is None else replicas.to_local(sync_state_R, self._meshes)
+
+  # A lost peer.
+
+  def _stop_for_a_lost_peer(self, step: int, state_L: Any, sync_state_L: PyTree, reason: str) -> None:
+    """At a step boundary: saves what survives (this step's live state, under partial recovery), writes it down,
+    and exits PEER_LOST."""
+    saved = None
+    if self._live is not None and self.mode in LIVE_MODES:
+      try:
+        saved = self._live.save(step, checkpointing.training_tree(state_L, sync_state_L))
+      except Exception as error:  # pylint: disable=broad-except  (a donated buffer: the newest host copy will do)
+        print(f'Process {self._process} could not save its live state: {type(error).__name__}: {error}')
+        saved = self._live.save_latest()
+    self._write_down_and_exit(step, reason, saved)
+
+  def _stop_stuck(self, reason: str) -> None:
+    """From the watchdog, when the training thread never reached a step boundary (its devices wait on a collective
+    that will not complete): saves the newest host copy of the live state, writes it down, exits PEER_LOST."""
+    saved = None
+    if self._live is not None and self.mode in LIVE_MODES:
+      saved = self._live.save_latest()
+    self._write_down_and_exit(distributed.my_step(), reason + '; the training thread was stuck', saved)
+
+  def _write_down_and_exit(self, step: int, reason: str, live_step: int | None) -> None:
+    live_saved = live_step is not None
+    history.append(
+      self._workdir,
+      self._writer,
+      {
+        'event': 'peer_lost',
+        'generation': self._generation,
+        'process': self._process,
+        'step': step,
+        'peer_steps': {str(q): status['step'] for q, status in distributed.peer_status().items()},
+        'reason': reason,
+        'live_saved': live_saved,
+        'live_step': live_step,
+      },
+    )
+    distributed.exit_peer_lost(reason + (f'; live state of step {live_step} saved' if live_saved else ''))
+
+  def _agreed_sync_state(self, sync_state_L: PyTree, plan: restart_plan.Plan) -> PyTree:
+    """Where the processes restored different steps, one sync state for all (EA's center, BMUF's global model):
+    that of the process furthest on, broadcast once before any round runs."""
+    if sync_state_L is None or len(set(step for _, step in plan.restore)) <= 1:
+      return sync_state_L
+    source = max(range(self._processes), key=lambda p: (plan.restore[p][1], -p))
+    host = jax.tree.map(np.asarray, sync_state_L)
+    agreed = multihost_utils.broadcast_one_to_all(host, is_source=self._process == source)
+    return jax.tree.map(lambda x, like: jax.device_put(np.asarray(x), like.sharding), agreed, sync_state_L)

@@ -1,0 +1,143 @@
+"""Real failures of a job of 2 processes on 127.0.0.1 (the tiny config), restarted by `experiments.launch`.
+
+Each process is SIGKILLed by the launcher when it reaches a given step (deterministic, and a real kill): process 1
+first, then process 0 after the restart. Full recovery must end with exactly the model of the run that never
+failed; partial recovery must leave the survivors' state where it was and count what the dead process lost.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from shadowsync_jax.parallel import history
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+JOB_TIMEOUT_S = 600  # Only reached when something hangs.
+STEPS = 128  # The tiny config's 65,536 examples on 4 replicas of batch 128.
+EVERY = 16  # Checkpoint interval (explicit: the tests check where restores land).
+
+
+def _launch(workdir: pathlib.Path, *flags: str, launcher_flags: tuple[str, ...] = ()) -> tuple[int, str]:
+  command = [
+    sys.executable,
+    '-m',
+    'experiments.launch',
+    '--num_processes=2',
+    '--cpu_devices=2',
+    '--peer_timeout_s=10',
+    '--grace_s=30',
+    *launcher_flags,
+    '--',
+    f'--workdir={workdir}',
+    '--config=experiments/configs/default.py:tiny',
+    '--config.num_replicas=4',
+    f'--config.recovery.checkpoint_every_steps={EVERY}',
+    '--config.train.progress_every_s=100',
+    *flags,
+  ]
+  result = subprocess.run(
+    command,
+    cwd=REPO,
+    env={**os.environ, 'PYTHONPATH': str(REPO)},
+    capture_output=True,
+    text=True,
+    timeout=JOB_TIMEOUT_S,
+    check=False,
+  )
+  return result.returncode, result.stdout + result.stderr
+
+
+def _starts(workdir: pathlib.Path, generation: int) -> dict[int, dict]:
+  return {r['process']: r for r in history.read(workdir) if r.get('event') == 'start' and r['generation'] == generation}
+
+
+@pytest.fixture(scope='module')
+def failure_free(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('failure_free')
+  code, output = _launch(workdir, '--config.sync.algorithm=fr_ma', '--config.recovery.mode=full')
+  assert code == 0, output[-3000:]
+  return json.loads((workdir / 'summary.json').read_text())
+
+
+@pytest.mark.slow  # Three starts of a 2-process job.
+def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failure_free_model(tmp_path, failure_free):
+  code, output = _launch(
+    tmp_path,
+    '--config.sync.algorithm=fr_ma',
+    '--config.recovery.mode=full',
+    # Both at a checkpoint step, right after its save started: the kills land in the middle of an async write.
+    launcher_flags=('--max_restarts=2', '--kill_at=1@48,0@96'),
+  )
+  assert code == 0, output[-4000:]
+  assert '[launch] process 1 was killed by SIGKILL at step 48' in output, output[-4000:]
+  assert '[launch] process 0 was killed by SIGKILL at step 96' in output, output[-4000:]
+  assert '[launch] all 2 processes succeeded after 2 restarts.' in output
+  summary = json.loads((tmp_path / 'summary.json').read_text())
+  assert summary['num_failures'] == 2 and summary['recovery']['num_restarts'] == 2, summary['recovery']
+  assert [(f['process'], f['step']) for f in summary['recovery']['failures']] == [(1, 48), (0, 96)]
+  for generation, killed_at in ((1, 48), (2, 96)):
+    starts = _starts(tmp_path, generation)
+    # Both processes restore the newest complete checkpoint both have (a save cut short is none); the data rewinds.
+    cut = starts[0]['restored_step']
+    assert all(s['restored'] == 'checkpoint' and s['restored_step'] == s['position'] == cut for s in starts.values())
+    assert cut % EVERY == 0 and killed_at - 2 * EVERY < cut <= killed_at, starts
+  assert summary['recovery']['retrained_steps'] > 0 and summary['actual_pls'] == 0.0
+  # Nothing lost, nothing trained twice: bit for bit the model of the run that never failed.
+  assert summary['consensus_fingerprint_per_process'] == failure_free['consensus_fingerprint_per_process']
+  assert summary['eval_ne'] == failure_free['eval_ne'] and summary['train_steps'] == STEPS
+
+
+@pytest.mark.slow  # Three starts of a 2-process job.
+def test_partial_recovery_keeps_the_survivors_state_and_loses_only_the_dead_process_updates(tmp_path):
+  code, output = _launch(
+    tmp_path,
+    '--config.sync.algorithm=shadow_ma',
+    '--config.sync.min_interval_s=0.05',
+    '--config.recovery.mode=partial',
+    launcher_flags=('--max_restarts=2', '--kill_at=1@40,0@90'),
+  )
+  assert code == 0, output[-4000:]
+  summary = json.loads((tmp_path / 'summary.json').read_text())
+  assert summary['num_failures'] == 2 and summary['recovery']['num_restarts'] == 2, summary['recovery']
+  lost = {r['generation']: r for r in history.read(tmp_path) if r.get('event') == 'peer_lost'}
+  skipped = 0
+  for generation, (dead, survivor, killed_at) in ((1, (1, 0, 40)), (2, (0, 1, 90))):
+    starts, before = _starts(tmp_path, generation), _starts(tmp_path, generation - 1)
+    # The survivor saved its live state and goes on from where it was: its step counter did not go back. It
+    # restores the newest of its states: its live state of its last step, or where its devices were stuck behind
+    # the dead peer's collective, its newest host copy (a fraction of a second old) or its newest checkpoint.
+    stopped = lost[generation - 1]
+    assert stopped['process'] == survivor and stopped['live_saved'], lost
+    assert starts[survivor]['position'] == stopped['step'] > before[survivor]['position'], starts
+    if starts[survivor]['restored'] == 'live':
+      assert starts[survivor]['restored_step'] == stopped['live_step'], starts
+    else:  # A checkpoint newer than its stuck host copy.
+      assert starts[survivor]['restored_step'] % EVERY == 0 and starts[survivor]['restored_step'] > stopped['live_step']
+    # The dead process reloads its newest checkpoint and goes on from where it died: nobody rewinds.
+    assert starts[dead]['restored'] == 'checkpoint' and starts[dead]['position'] == killed_at, starts
+    assert (
+      starts[dead]['restored_step'] % EVERY == 0 and killed_at - 2 * EVERY < starts[dead]['restored_step'] < killed_at
+    )
+    skipped += sum(s['position'] - s['restored_step'] for s in starts.values())
+  assert summary['recovery']['skipped_steps'] == skipped and summary['recovery']['retrained_steps'] == 0
+  assert summary['actual_pls'] == pytest.approx(skipped / (2 * STEPS)) and summary['actual_pls'] > 0
+  assert summary['train_steps'] == STEPS and 0 < summary['eval_ne'] < 1.0
+  fingerprints = summary['consensus_fingerprint_per_process']
+  assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
+
+
+def test_without_restarts_a_killed_process_fails_the_job_naming_each_failure(tmp_path):
+  code, output = _launch(
+    tmp_path, '--config.sync.algorithm=shadow_ma', launcher_flags=('--max_restarts=0', '--kill_at=1@20')
+  )
+  assert code == 128 + 9, output[-3000:]  # The exit status of the failure: SIGKILL.
+  assert '[launch] process 1 was killed by SIGKILL at step 20 (--kill_at).' in output, output[-3000:]
+  assert (
+    '[launch] FAILED: the job failed 1 time and --max_restarts=0 allows no more restarts: generation 0: '
+    'process 1 was killed by SIGKILL at step 20 (--kill_at).' in output
+  ), output[-3000:]
+  assert 'Traceback' not in output, output[-3000:]
