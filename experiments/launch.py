@@ -8,14 +8,25 @@ With `--max_restarts=N` the job comes back after a process is killed, crashes or
 up to N times (`shadowsync_jax.parallel.supervisor`); what each process restores is `recovery.mode`'s choice.
 Failures on purpose: `--kill_at=PROCESS@STEP` (the first generation only; tests) and `--kill_mtbf_s=S
 --kill_seed=K` (a random process SIGKILLed at exponential times of mean S seconds; studies).
+
+Across emulated hosts (root and iproute2; `shadowsync_jax.parallel.netns`, `experiments.hosts`):
+
+  python -m experiments.launch --num_processes=2 --hosts=netns --link_profile=100mbit \
+      [--partition=HOST:AFTER_S:SECONDS] -- --workdir=/tmp/job --config.sync.algorithm=shadow_ma
+
+runs process i in its own network namespace (host i, 10.77.0.{i+1}) behind a link shaped to the profile (10gbit,
+1gbit, 100mbit, 10mbit, none; or one per host, comma-separated), the coordinator in host 0; a partition cuts a
+host's link for SECONDS, AFTER_S after every process trains. The hosts are removed when the launcher ends.
 """
 
+import contextlib
 import sys
 
 from absl import flags
 
 from shadowsync_jax import cli
 from shadowsync_jax.parallel import fault_injection
+from shadowsync_jax.parallel import netns
 from shadowsync_jax.parallel import supervisor
 
 flags.DEFINE_integer('num_processes', 2, 'Processes to start.')
@@ -28,6 +39,9 @@ flags.DEFINE_string('kill_at', '', 'PROCESS@STEP[,...]: SIGKILL that process whe
 flags.DEFINE_float('kill_mtbf_s', 0.0, 'SIGKILL a random process at exponential times of this mean (0: never).')
 flags.DEFINE_integer('kill_seed', 0, 'Seed of the random kills (which process, when).')
 flags.DEFINE_string('module', 'experiments.train', 'The Python module every process runs.')
+flags.DEFINE_enum('hosts', 'local', ['local', 'netns'], 'local: every process on 127.0.0.1; netns: emulated hosts.')
+flags.DEFINE_string('link_profile', 'none', "With --hosts=netns: every host's link ('100mbit'), or one per host.")
+flags.DEFINE_multi_string('partition', [], 'With --hosts=netns: HOST:AFTER_S:SECONDS, a link cut (repeatable).')
 FLAGS = flags.FLAGS
 
 
@@ -40,19 +54,39 @@ def main(argv):
     cli.exit_with_usage_error(str(error))
   if FLAGS.max_restarts < 0:
     cli.exit_with_usage_error(f'--max_restarts={FLAGS.max_restarts} must be >= 0.')
-  sys.exit(
-    supervisor.supervise(
-      argv[1:],
-      FLAGS.num_processes,
-      FLAGS.cpu_devices,
-      FLAGS.peer_timeout_s,
-      FLAGS.grace_s,
-      FLAGS.pin_cpus,
-      FLAGS.max_restarts,
-      schedule,
-      FLAGS.module,
-    )
-  )
+  try:
+    hosts, partitions = _emulated_hosts()
+    with hosts or contextlib.nullcontext():
+      code = supervisor.supervise(
+        argv[1:],
+        FLAGS.num_processes,
+        FLAGS.cpu_devices,
+        FLAGS.peer_timeout_s,
+        FLAGS.grace_s,
+        FLAGS.pin_cpus,
+        FLAGS.max_restarts,
+        schedule,
+        FLAGS.module,
+        hosts=hosts,
+        partitions=partitions,
+      )
+  except (ValueError, netns.HostsUnavailable) as error:
+    cli.exit_with_usage_error(str(error))
+  sys.exit(code)
+
+
+def _emulated_hosts() -> tuple[netns.EmulatedHosts | None, tuple[netns.Partition, ...]]:
+  """The hosts and partitions the flags ask for (not built yet); ValueError names a bad flag."""
+  if FLAGS.hosts == 'local':
+    if FLAGS.partition or FLAGS.link_profile != 'none':
+      raise ValueError('--link_profile and --partition need --hosts=netns.')
+    return None, ()
+  partitions = tuple(netns.Partition.parse(text) for text in FLAGS.partition)
+  for partition in partitions:
+    if partition.host >= FLAGS.num_processes:
+      raise ValueError(f'--partition={partition.host}:...: there are hosts 0 to {FLAGS.num_processes - 1}.')
+  profiles = netns.link_profiles(FLAGS.link_profile, FLAGS.num_processes)
+  return netns.EmulatedHosts(FLAGS.num_processes, profiles), partitions
 
 
 if __name__ == '__main__':

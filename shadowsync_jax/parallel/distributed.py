@@ -29,7 +29,6 @@ import functools
 import json
 import os
 import signal
-import socket
 import threading
 import time
 from typing import Any, NoReturn
@@ -37,6 +36,7 @@ from typing import Any, NoReturn
 import jax
 
 from shadowsync_jax.parallel import exit_codes
+from shadowsync_jax.parallel import network
 
 PEER_LOST_EXIT_CODE = exit_codes.PEER_LOST
 _HEARTBEAT_S = 1.0
@@ -67,7 +67,7 @@ def initialize(
     raise ValueError(f'peer_timeout_s={peer_timeout_s} must be at least {2 * _HEARTBEAT_S} s.')
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.config.update('jax_enable_preemption_service', False)  # Preemption is SIGTERM here (`_on_sigterm`).
-  _bind_gloo_to(local_address_towards(coordinator_address))
+  _bind_gloo_to(network.local_address_towards(coordinator_address))
   # JAX's own liveness check ends the process with a fatal log; ours, faster, says which peer and why.
   heartbeat_timeout_s = int(3 * peer_timeout_s) + 10
   if start_service:
@@ -94,15 +94,6 @@ def _connect_client(coordinator_address: str, num_processes: int, process_id: in
     coordinator_address, process_id, init_timeout=300, use_compression=True, heartbeat_timeout=heartbeat_timeout_s
   )
   state.client.connect()
-
-
-def local_address_towards(coordinator_address: str) -> str:
-  """The address of this host that the kernel would send from to reach the coordinator (no packet is sent)."""
-  host, port = coordinator_address.rsplit(':', 1)
-  host = host.strip('[]')
-  with socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET, socket.SOCK_DGRAM) as sock:
-    sock.connect((host, int(port)))
-    return sock.getsockname()[0]
 
 
 def _bind_gloo_to(address: str) -> None:
@@ -361,7 +352,7 @@ class _PeerWatchdog:
     elif now - beat_since > self.timeout_s:
       self.lose(
         f'process {peer} sent no heartbeat for {now - beat_since:.0f} s (peer_timeout_s={self.timeout_s:g}): '
-        'it died, was killed or stopped'
+        'it died, was killed, stopped or cut off'
       )
     if now - seen[peer][3] > self.timeout_s:
       self.lose(

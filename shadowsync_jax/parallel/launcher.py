@@ -18,6 +18,10 @@ process then saves what it must and exits with `exit_codes.PEER_LOST` at its nex
 for its watchdog to notice. Processes still running `grace_s` later (hung, or stopped) are killed. `pin_cpus`
 gives each process its own share of this machine's cores (`sched_setaffinity`), so that processes behave like
 separate hosts.
+
+With `hosts` (`netns.EmulatedHosts`, as many as processes) process i runs in host i and the coordinator in host 0,
+at host 0's address (never 127.0.0.1), so every collective crosses that host's shaped link; `partitions`
+(`netns.Partition`, generation 0 only) cut a host's link, `after_s` counted from when every process trains.
 """
 
 import ctypes
@@ -35,6 +39,7 @@ import time
 from shadowsync_jax.parallel import control
 from shadowsync_jax.parallel import exit_codes
 from shadowsync_jax.parallel import fault_injection
+from shadowsync_jax.parallel import netns
 
 _PR_SET_PDEATHSIG = 1  # prctl option: the signal a child gets when its parent dies.
 _POLL_S = 0.05
@@ -109,7 +114,12 @@ class Generation:
     kill_schedule: fault_injection.KillSchedule | None = None,
     module: str = 'experiments.train',
     out=sys.stdout,
+    hosts: netns.EmulatedHosts | None = None,
+    partitions: tuple[netns.Partition, ...] = (),
   ):
+    if hosts is not None and hosts.num_hosts != num_processes:
+      raise ValueError(f'{hosts.num_hosts} emulated hosts for {num_processes} processes: one process per host.')
+    self._hosts, self._partitions = hosts, partitions
     self._train_args, self._num_processes, self._cpu_devices = train_args, num_processes, cpu_devices
     self._peer_timeout_s, self._pin_cpus, self._port, self.number = peer_timeout_s, pin_cpus, coordinator_port, number
     self._kill_schedule, self._module, self._out = kill_schedule, module, out
@@ -162,7 +172,7 @@ class Generation:
       f'--heartbeat_timeout_s={int(3 * self._peer_timeout_s) + 10}',
     ]
     coordinator = subprocess.Popen(
-      command,
+      self._in_host(0, command),
       stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT,
       text=True,
@@ -183,7 +193,7 @@ class Generation:
     raise RuntimeError(f'the coordinator on port {self._port} did not start (exit {coordinator.wait()}).')
 
   def _spawn(self) -> None:
-    address = f'127.0.0.1:{self._port}'
+    address = f'{self._hosts.address(0) if self._hosts else "127.0.0.1"}:{self._port}'
     for process_id in range(self._num_processes):
       read_end, write_end = os.pipe()
       command = [
@@ -207,7 +217,7 @@ class Generation:
       }
       affinity = cpu_share(process_id, self._num_processes) if self._pin_cpus else None
       process = subprocess.Popen(
-        command,
+        self._in_host(process_id, command),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -223,6 +233,16 @@ class Generation:
         thread = threading.Thread(target=target, args=args, daemon=True)
         thread.start()
         self._threads.append(thread)
+
+  def _in_host(self, host: int, command: list[str]) -> list[str]:
+    """`command` run in emulated host `host` (`ip netns exec` execs it in place: same pid, same fds), or as it is."""
+    return self._hosts.command(host, command) if self._hosts else command
+
+  def _cut_links(self) -> None:
+    """Schedules the partitions, counted from now (every process trains)."""
+    for partition in self._partitions:
+      self.say(f'[launch] host {partition.host} cut off in {partition.after_s:g} s for {partition.seconds:g} s.')
+      self._hosts.partition(partition.host, partition.seconds, partition.after_s)
 
   def _watch(self, grace_s: float, random_kill: tuple[float, int] | None) -> None:
     deadline = None
@@ -304,8 +324,11 @@ class Generation:
         elif words == ['ready']:
           with self._lock:
             self._ready.add(process_id)
-            if len(self._ready) == self._num_processes:
+            every_process_trains = len(self._ready) == self._num_processes and 'ready' not in self._times
+            if every_process_trains:
               self._times['ready'] = time.time()
+          if every_process_trains:
+            self._cut_links()
         elif len(words) == 2 and words[0] == 'kill':
           step = int(words[1])
           self._kill(process_id, Failure(process_id, f'was killed by SIGKILL at step {step} (--kill_at)', True, step))

@@ -22,6 +22,7 @@ from shadowsync_jax.parallel import exit_codes
 from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import history
 from shadowsync_jax.parallel import launcher
+from shadowsync_jax.parallel import netns
 
 
 def supervise(
@@ -35,6 +36,8 @@ def supervise(
   kill_schedule: fault_injection.KillSchedule | None = None,
   module: str = 'experiments.train',
   out=sys.stdout,
+  hosts: netns.EmulatedHosts | None = None,
+  partitions: tuple[netns.Partition, ...] = (),
 ) -> int:
   """Runs the job to success or to `max_restarts` restarts; returns 0, or the exit status of the last failure."""
   workdir = next((arg.split('=', 1)[1] for arg in train_args if arg.startswith('--workdir=')), None)
@@ -45,7 +48,18 @@ def supervise(
   clock = 0.0  # Seconds of the job so far, over its generations (random kills fall on it).
   for number in range(max_restarts + 1):
     generation = launcher.Generation(
-      train_args, num_processes, cpu_devices, peer_timeout_s, pin_cpus, port, number, kill_schedule, module, out
+      train_args,
+      num_processes,
+      cpu_devices,
+      peer_timeout_s,
+      pin_cpus,
+      port,
+      number,
+      kill_schedule,
+      module,
+      out,
+      hosts,
+      partitions if number == 0 else (),
     )
     if number:
       generation.say(f'[launch] restart {number} of at most {max_restarts}: every process starts again.')
