@@ -221,6 +221,13 @@ with netns.EmulatedHosts(2, profile='100mbit') as hosts:
 """
 
 
+def _default_signals() -> None:
+  """The holder's signals at their defaults, whoever started the tests: a shell starts a background job with SIGINT
+  ignored, and a Python started so installs no KeyboardInterrupt handler."""
+  for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(signum, signal.SIG_DFL)
+
+
 def _alive(pid: int) -> bool:
   try:
     with open(f'/proc/{pid}/stat') as stat:
@@ -243,7 +250,12 @@ def _alive(pid: int) -> bool:
 )
 def test_nothing_is_left_however_the_holder_ends(end, signum, exit_code):
   holder = subprocess.Popen(
-    [sys.executable, '-c', _HOLDER, end], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    [sys.executable, '-c', _HOLDER, end],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    preexec_fn=_default_signals,
   )
   prefix, *pids = holder.stdout.readline().split()
   assert len(pids) == 2, holder.communicate()
