@@ -36,18 +36,6 @@ SYNC_ALGORITHMS = (
   'gba',
   'async_sgd',
 )
-IMPLEMENTED_SYNC_ALGORITHMS = (
-  'none',
-  'sync_sgd',
-  'fr_ma',
-  'fr_ea',
-  'fr_bmuf',
-  'shadow_ma',
-  'shadow_ea',
-  'shadow_bmuf',
-  'gba',
-  'async_sgd',
-)
 PARAMETER_SERVER_ALGORITHMS = ('gba', 'async_sgd')  # One server model (the gba package).
 SHADOW_ALGORITHMS = ('shadow_ma', 'shadow_ea', 'shadow_bmuf')  # Rounds in a background thread (sync.shadow).
 SYNCED_PARAMS = ('dense', 'all')
@@ -422,11 +410,6 @@ def _check_sync(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, 'sync.algorithm', SYNC_ALGORITHMS)
   _check_choice(config, 'sync.what', SYNCED_PARAMS)
   _check_choice(config, 'sync.embedding_placement', EMBEDDING_PLACEMENTS)
-  if sync.algorithm not in IMPLEMENTED_SYNC_ALGORITHMS:
-    raise ConfigError(
-      f'sync.algorithm={sync.algorithm!r} is a known algorithm but not implemented yet; '
-      f'implemented: {", ".join(IMPLEMENTED_SYNC_ALGORITHMS)}.'
-    )
   _check_positive(config, 'sync.every_k_steps', 'sync.block_lr')
   interval = sync.min_interval_s
   is_seconds = isinstance(interval, (int, float)) and not isinstance(interval, bool) and math.isfinite(interval)

@@ -49,16 +49,7 @@ from shadowsync_jax.sync import drivers as sync_drivers
 def init_replicated_state(config: ml_collections.ConfigDict, mesh) -> step_lib.TrainState:
   """A copy of one freshly initialized train state per replica of `mesh` (all replicas of the job start from the
   same model: every process builds it from the same seed)."""
-  mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
-  state = step_lib.init_train_state(
-    jax.random.key(config.seed),
-    dlrm.from_config(config.model),
-    list(config.data.cardinalities),
-    config.model.embedding_dim,
-    mlp_optimizer,
-    embedding_optimizer,
-  )
-  return replicas.replicate(state, mesh)
+  return replicas.replicate(step_lib.init_from_config(config), mesh)
 
 
 def make_train_step(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes):

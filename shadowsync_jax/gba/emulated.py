@@ -144,19 +144,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   total_steps = input_pipeline.num_steps(config.data.num_train_examples, num_workers, batch_size)
   stop_step = min(config.train.stop_at_step or total_steps, total_steps)
 
-  state = server_lib.init_server_state(config)
+  state = step_lib.init_from_config(config)
   mesh = replicas.make_mesh(num_workers)
   checkpointer = checkpointing.Checkpointer(
     workdir / 'checkpoints', replicas.ReplicaMeshes(mesh, mesh), config.train.checkpoint_every_steps
   )
-  restored = checkpointer.restore_latest(server_lib.stacked_abstract(state, mesh))
-  start_step = 0
-  if restored is not None:
-    tree, start_step = restored[0], restored[1]['step']
-    state = server_lib.server_state_from_checkpoint(tree, workdir)
-    print(
-      f'Resumed from the checkpoint at step {start_step} of {total_steps} in {workdir} (global step {int(state.step)}).'
-    )
+  state, start_step = server_lib.resume(checkpointer, state, mesh, workdir, total_steps)
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
   times = step_times.WorkerStepTimes.sample(config.gba, num_workers, total_steps, config.seed)
   gradient_fn = jax.jit(step_lib.make_gradient_fn(dlrm.from_config(config.model), list(config.data.cardinalities)))

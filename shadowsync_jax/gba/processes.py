@@ -284,17 +284,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   total_steps = input_pipeline.num_steps(config.data.num_train_examples, num_workers, batch_size)
   stop_step = min(config.train.stop_at_step or total_steps, total_steps)
 
-  state = server_lib.init_server_state(config)
+  state = step_lib.init_from_config(config)
   meshes = replicas.make_meshes(num_workers)
   checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints', meshes, config.train.checkpoint_every_steps)
-  restored = checkpointer.restore_latest(server_lib.stacked_abstract(state, meshes.local))
-  start_step = 0
-  if restored is not None:
-    tree, start_step = restored[0], restored[1]['step']
-    state = server_lib.server_state_from_checkpoint(tree, workdir)
-    print(
-      f'Resumed from the checkpoint at step {start_step} of {total_steps} in {workdir} (global step {int(state.step)}).'
-    )
+  state, start_step = server_lib.resume(checkpointer, state, meshes.local, workdir, total_steps)
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
   batches = input_pipeline.train_batches(
     train_source, num_workers, batch_size, config.data.num_train_examples, start_step=start_step, replicas=workers

@@ -1,6 +1,6 @@
 """The parameter server of GBA and async SGD: one model, the gradient buffer of a global batch, staleness bookkeeping.
 
-  server = server_lib.Server(server_lib.init_server_state(config), config)
+  server = server_lib.Server(step_lib.init_from_config(config), config)
   server.receive(server_lib.Gradient(worker, token, loss, mlp_grads, row_ids_N, row_grads_NxD))
   server.state, server.global_step, server.stats()
 
@@ -20,7 +20,6 @@ import numpy as np
 
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.gba import aggregation
-from shadowsync_jax.model import dlrm
 from shadowsync_jax.model import optimizers
 from shadowsync_jax.model import step as step_lib
 from shadowsync_jax.parallel import replicas
@@ -108,19 +107,6 @@ class Server:
     }
 
 
-def init_server_state(config: ml_collections.ConfigDict) -> step_lib.TrainState:
-  """The model every run of `config` starts from (train.py's replica 0, from the same seed)."""
-  mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
-  return step_lib.init_train_state(
-    jax.random.key(config.seed),
-    dlrm.from_config(config.model),
-    list(config.data.cardinalities),
-    config.model.embedding_dim,
-    mlp_optimizer,
-    embedding_optimizer,
-  )
-
-
 def stacked_abstract(state: step_lib.TrainState, mesh) -> Any:
   """The checkpoint layout of sync_sgd (the model on every replica of `mesh`), as restore targets."""
   num_replicas, sharding = mesh.shape[replicas.REPLICA_AXIS], replicas.replica_sharding(mesh)
@@ -142,6 +128,25 @@ def server_state_from_checkpoint(tree: Any, workdir: pathlib.Path) -> step_lib.T
         'Resume it with its own sync.algorithm, or use a new workdir.'
       )
   return jax.tree.map(lambda x: jnp.asarray(np.asarray(x[0])), stacked)  # Uncommitted, like a fresh state.
+
+
+def resume(
+  checkpointer: checkpointing.Checkpointer,
+  state: step_lib.TrainState,
+  mesh,
+  workdir: pathlib.Path,
+  total_steps: int,
+) -> tuple[step_lib.TrainState, int]:
+  """The server state and step to go on from: the newest checkpoint's (said on stdout), else `state` at step 0."""
+  restored = checkpointer.restore_latest(stacked_abstract(state, mesh))
+  if restored is None:
+    return state, 0
+  tree, start_step = restored[0], restored[1]['step']
+  state = server_state_from_checkpoint(tree, workdir)
+  print(
+    f'Resumed from the checkpoint at step {start_step} of {total_steps} in {workdir} (global step {int(state.step)}).'
+  )
+  return state, start_step
 
 
 def server_summary(

@@ -25,7 +25,9 @@ import optax
 
 from shadowsync_jax.data.batch import NUM_DENSE_FEATURES
 from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.model import dlrm
 from shadowsync_jax.model import embedding
+from shadowsync_jax.model import optimizers
 from shadowsync_jax.model.dlrm import DLRM
 
 
@@ -61,6 +63,20 @@ def init_train_state(
     )
 
   return init(key)
+
+
+def init_from_config(config) -> TrainState:
+  """The state of ONE replica as `config` (an ml_collections experiment config) names it, from `config.seed`: the
+  model every replica of a run, and the gba server, start from."""
+  mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
+  return init_train_state(
+    jax.random.key(config.seed),
+    dlrm.from_config(config.model),
+    list(config.data.cardinalities),
+    config.model.embedding_dim,
+    mlp_optimizer,
+    embedding_optimizer,
+  )
 
 
 def make_gradient_fn(

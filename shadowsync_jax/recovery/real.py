@@ -194,8 +194,7 @@ class RealFailures:
 
   def finish(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
     """After the last step: the final save (this process's part), waited for."""
-    distributed.handle_peer_loss(False)
-    distributed.report(step, 'finish')
+    distributed.handle_peer_loss(False)  # The loop reported 'finish' before the rounds ended.
     self._checkpointer.save(step, checkpointing.training_tree(state_L, self._local(sync_state_R)))
     self.close()
 
