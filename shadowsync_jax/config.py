@@ -140,7 +140,7 @@ def base_config() -> ml_collections.ConfigDict:
   # that a number (--config.sync.min_interval_s=0.2) and 'auto' are both accepted.
   config.sync.min_interval_s = ml_collections.FieldReference('auto', field_type=object)
   config.sync.max_overhead = 0.05  # 'auto': the share of the trainers' examples/sec the rounds may cost.
-  config.sync.elastic_alpha = 0.1  # ea: moving rate alpha; stable for alpha * R < 1.
+  config.sync.elastic_alpha = -1.0  # ea: moving rate alpha (< 1/R); negative = the default 0.9 / (R + 1).
   config.sync.block_momentum = -1.0  # bmuf: eta; negative = the default 1 - 1/R.
   config.sync.block_lr = 1.0  # bmuf: zeta, the block learning rate.
   config.sync.nesterov = False  # bmuf: replicas restart from g + eta D instead of g.
@@ -417,8 +417,8 @@ def _check_sync(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"sync.min_interval_s={interval!r} must be 'auto' (paced to sync.max_overhead) or seconds >= 0.")
   if not 0 < sync.max_overhead < 1:
     raise ConfigError(f'sync.max_overhead={sync.max_overhead} must be in (0, 1): a share of the throughput.')
-  if not 0 < sync.elastic_alpha < 1:
-    raise ConfigError(f'sync.elastic_alpha={sync.elastic_alpha} must be in (0, 1).')
+  if sync.elastic_alpha == 0 or sync.elastic_alpha >= 1:
+    raise ConfigError(f'sync.elastic_alpha={sync.elastic_alpha} must be in (0, 1) (negative = 0.9 / (R + 1)).')
   if sync.algorithm.endswith('_ea') and sync.elastic_alpha * config.num_replicas >= 1:
     raise ConfigError(
       f'sync.elastic_alpha * num_replicas = {sync.elastic_alpha * config.num_replicas} must be < 1 '

@@ -152,6 +152,8 @@ class GradientExchange:
     self._error: BaseException | None = None
     self._thread = threading.Thread(target=self._run, name='gba-exchange', daemon=True)
     self.rounds = 0
+    self._first_global_step = server.global_step
+    self._first_update_round: int | None = None  # The round in which the server copy first updated, if it has.
     self.lost_tokens = 0
     self.losses: list[float] = []  # Of the gradients applied, for the train-loss metric; the caller clears it.
 
@@ -167,6 +169,12 @@ class GradientExchange:
         self._changed.wait(timeout=_POLL_S)
       self._raise_if_failed()
       return self._latest
+
+  def warmed_up(self) -> bool:
+    """Whether every copy of the server has updated, so compiled its programs: a round has ended since this copy's
+    first update (every copy applies the same gradients in the same round, and a round waits for every process)."""
+    first = self._first_update_round
+    return first is not None and self.rounds > first
 
   def push(self, gradients: StepGradients) -> None:
     with self._changed:
@@ -227,6 +235,8 @@ class GradientExchange:
     for process, (received, _) in enumerate(parts):  # One order on every process: by process, then local step.
       for entry in received:
         self._receive(process, entry)
+    if self._first_update_round is None and self.server.global_step > self._first_global_step:
+      self._first_update_round = self.rounds
     self._publish()
     with self._changed:
       self._applied += len(entries)
@@ -307,25 +317,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   delay = straggler.Straggler(config.straggler.slowdown if config.straggler.process == process_index else 1.0)
 
   step, rounds, lost_tokens = start_step, 0, 0
-  compiled, busy_s, busy_steps, window = False, 0.0, 0, (time.perf_counter(), step)
+  warm, busy_s, busy_steps, window = False, 0.0, 0, (time.perf_counter(), step)
   boundaries = checkpointer.boundaries(start_step, stop_step)
   for boundary in boundaries:
     exchange = GradientExchange(server, codec, config.gba.max_in_flight_steps)
     exchange.start()
     try:
-      # This process's own pace: its steps, not the waits at boundaries for the others (nor the first, compiling).
+      # This process's own pace: its steps, not the waits at boundaries for the others, nor the warm-up: the first
+      # step compiles the gradient, and the server copies compile their update when the first global batch is full,
+      # a wait of a second or more for every process (on a loaded machine, as long as a short run's steps).
       segment_start, results = time.perf_counter(), None
       while step < boundary:
         params, token = exchange.pull()
+        if not warm and exchange.warmed_up():
+          warm, segment_start = True, time.perf_counter()
         results = gradient_fn(params, next(batches))
         jax.block_until_ready(results)  # A worker computes one gradient at a time: it pulls again after pushing.
         delay.after_step(results[0])
         exchange.push(StepGradients(token, step, fails_RxK[workers.start : workers.stop, step], *results))
         step += 1
-        if not compiled:
-          compiled, segment_start = True, time.perf_counter()
-        else:
+        if warm:
           busy_steps += 1
+        else:
+          segment_start = time.perf_counter()  # Not yet a step of its pace (nothing timed).
         progress_line.update(step)
         if step % config.train.log_every_steps == 0 and exchange.losses:
           now = time.perf_counter()

@@ -116,6 +116,24 @@ def test_elastic_averaging_round_conserves_sum_of_replicas_and_center():
   assert min(jax.tree.leaves(moved)) > 1e-2, 'the round left the replicas where they were'
 
 
+@pytest.mark.parametrize('num_replicas', [2, 8])
+def test_default_elastic_alpha_closes_nine_tenths_of_the_gap_to_the_center(num_replicas):
+  """`elastic_alpha < 0` (the config's default): one round leaves a tenth of the gap between the replica mean and the
+  center, with 2 replicas as with 8; alpha * R stays below 1."""
+  assert sa.default_elastic_alpha(8) == pytest.approx(0.1) and sa.default_elastic_alpha(2) == pytest.approx(0.3)
+  rng = np.random.default_rng(2)
+  mesh = replicas.make_mesh(num_replicas)
+  init_R, sync_R = sa.stacked(sa.make('ea', replicas.REPLICA_AXIS, num_replicas, -1.0, -1.0, 1.0), mesh)
+  params_R = _to_device(_random_R(rng, num_replicas), mesh)
+  state_R = init_R(params_R)
+  params_R = jax.tree.map(operator.add, params_R, _to_device(_random_R(rng, num_replicas), mesh))  # move off the center
+  gap = lambda w_R, c_R: jax.tree.map(lambda w, c: np.asarray(w).mean(0) - np.asarray(c)[0], w_R, c_R)
+  before = gap(params_R, state_R.center)
+  params_R, state_R = sync_R(params_R, state_R)
+  _assert_close(gap(params_R, state_R.center), jax.tree.map(lambda g: 0.1 * g, before), 'a tenth of the gap left')
+  assert sa.default_elastic_alpha(num_replicas) * num_replicas < 1
+
+
 @pytest.mark.parametrize('num_replicas', [4, 8])
 @pytest.mark.parametrize(
   'block_momentum,block_lr,nesterov',
