@@ -6,13 +6,14 @@ r"""The ShadowSync study across emulated hosts: what synchronization costs when 
 
 Each algorithm runs as a job of 2 processes, each in an emulated host of its own (`experiments.launch
 --hosts=netns`: a network namespace behind a link shaped to the profile, the coordinator in host 0) and pinned to
-one core, one replica per host, on the default config; every profile's rows run one after the other, so they meet
+one core, one replica per host (the default `num_replicas`, on the launcher's default 4 CPU devices), on the default
+config; every profile's rows run one after the other, so they meet
 the same load. Prints a markdown table per row: examples/sec of each host and their mean against `none`'s at that
 profile, eval NE and its gap to `sync_sgd`'s at that profile, sync rounds, mean sync gap, the shadow thread's pace,
 and the bytes each host sent per step (from its interface counters); writes it with the raw summaries to `--out`
 and a plot of examples/sec against bandwidth (one line per algorithm) to `--plot`.
 
-Changed from the defaults: 2 processes x 1 replica pinned to a core each, `train.progress_every_s`. The default
+Changed from the defaults: each process pinned to a core, `train.progress_every_s`. The default
 problem's 2M examples (sync SGD at 100 Mbit/s takes 0.1 s a step: the study takes about half an hour). `fr_ma`
 keeps the default `sync.every_k_steps` (10), the shadow algorithms the default pace (`sync.min_interval_s=auto`,
 `sync.max_overhead=0.05`).
@@ -60,7 +61,7 @@ def run_job(workdir: pathlib.Path, algorithm: str, profile: str) -> dict:
     code = supervisor.supervise(
       train_flags,
       num_processes=2,
-      cpu_devices=1,
+      cpu_devices=supervisor.DEFAULT_CPU_DEVICES,
       peer_timeout_s=60.0,
       grace_s=30.0,
       pin_cpus=True,
@@ -141,7 +142,8 @@ def main(argv):
   print(text)
   plot(results, FLAGS.plot)
   note = (
-    '2 emulated hosts (network namespaces, tbf-shaped links) x 1 replica, each pinned to one core; '
+    "2 emulated hosts (network namespaces, tbf-shaped links) x 1 replica (on 4 CPU devices, the launcher's default), "
+    'each pinned to one core; '
     + (f'{FLAGS.num_train_examples:,} training examples; ' if FLAGS.num_train_examples else '')
     + (f'sync.max_overhead={FLAGS.max_overhead:g}; ' if FLAGS.max_overhead is not None else '')
     + 'everything else at the default config (shadow pace auto, fr_ma every 10 steps, checkpoints on). '

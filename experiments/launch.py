@@ -30,7 +30,9 @@ from shadowsync_jax.parallel import netns
 from shadowsync_jax.parallel import supervisor
 
 flags.DEFINE_integer('num_processes', 2, 'Processes to start.')
-flags.DEFINE_integer('cpu_devices', 4, 'Virtual CPU devices per process (the replicas one process can hold).')
+flags.DEFINE_integer(
+  'cpu_devices', supervisor.DEFAULT_CPU_DEVICES, 'Virtual CPU devices per process (the replicas one process can hold).'
+)
 flags.DEFINE_float('peer_timeout_s', 30.0, 'Passed to every process: how long a silent or stalled peer is waited for.')
 flags.DEFINE_float('grace_s', 60.0, 'After a failure, how long the other processes get to stop on their own.')
 flags.DEFINE_bool('pin_cpus', False, 'Pin each process to its own share of the cores.')
