@@ -49,7 +49,13 @@ def run_job(workdir: pathlib.Path, algorithm: str, slowdown: float) -> dict:
     train_flags += ['--config.straggler.process=1', f'--config.straggler.slowdown={slowdown}']
   output = io.StringIO()
   code = supervisor.supervise(
-    train_flags, num_processes=2, cpu_devices=1, peer_timeout_s=60.0, grace_s=30.0, pin_cpus=FLAGS.pin_cpus, out=output
+    train_flags,
+    num_processes=2,
+    cpu_devices=supervisor.DEFAULT_CPU_DEVICES,
+    peer_timeout_s=60.0,
+    grace_s=30.0,
+    pin_cpus=FLAGS.pin_cpus,
+    out=output,
   )
   if code != 0:
     raise RuntimeError(f'{algorithm} (slowdown {slowdown}) failed:\n{output.getvalue()}')
@@ -86,7 +92,8 @@ def main(argv):
   print(text)
   raw = {f'{a} x{s:g}': r for (a, s), r in results.items()}
   note = (
-    f'2 processes x 1 replica, process 1 {FLAGS.slowdown:g}x slower in the second run of each algorithm; '
+    f"2 processes x 1 replica (on the launcher's default {supervisor.DEFAULT_CPU_DEVICES} CPU devices), "
+    f'process 1 {FLAGS.slowdown:g}x slower in the second run of each algorithm; '
     f"pinned cores: {'yes' if FLAGS.pin_cpus else 'no'}; everything else at the default config's values "
     '(checkpoints on, each process at its own pace).'
   )
