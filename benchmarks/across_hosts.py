@@ -142,7 +142,8 @@ def main(argv):
   print(text)
   plot(results, FLAGS.plot)
   note = (
-    "2 emulated hosts (network namespaces, tbf-shaped links) x 1 replica (on 4 CPU devices, the launcher's default), "
+    f'2 emulated hosts (network namespaces, tbf-shaped links) x 1 replica (on {supervisor.DEFAULT_CPU_DEVICES} CPU '
+    "devices, the launcher's default), "
     'each pinned to one core; '
     + (f'{FLAGS.num_train_examples:,} training examples; ' if FLAGS.num_train_examples else '')
     + (f'sync.max_overhead={FLAGS.max_overhead:g}; ' if FLAGS.max_overhead is not None else '')
