@@ -19,7 +19,9 @@ mean step time between rounds,
 Measured as the run goes, the interval follows what a round costs here and now: a round that costs more (a bigger
 model, a busier machine, a link whose traffic takes the trainers' cores) is spaced further apart; a slower link
 makes a round longer, so more steps run beside it and c grows with them, and a round never starts before the last
-one is merged. Three guards keep the estimate honest. A measured cost is noisy (steps on a shared machine scatter by
+one is merged. Four guards keep the estimate honest. The first round of a run (`WARMUP_ROUNDS`) runs the round's
+programs and opens the collectives' connections for the first time, at a cost the next rounds do not pay: it is left
+out, and the next round follows it at once. A measured cost is noisy (steps on a shared machine scatter by
 10% and more), and a pace aimed at the mean would exceed the budget half the time: the pace uses an upper bound of
 c, its mean plus two standard errors (from the spread of the rounds' costs and of the steps between rounds), so a
 noisy machine spaces rounds further and a steady one gets close to the budget. Until steps between rounds have been
@@ -35,6 +37,7 @@ import math
 from typing import Any, NamedTuple
 
 STEPS_BETWEEN_ROUNDS = 3  # The least interval leaves room for this many steps between rounds.
+WARMUP_ROUNDS = 1  # Rounds left out of the estimates: the first runs its programs and opens connections first.
 MIN_STEPS_MEASURED = 5  # Steps between rounds before their mean time is trusted.
 CONFIDENCE_Z = 2.0  # The pace uses the cost's mean plus this many standard errors (about a 97.5% upper bound).
 
@@ -81,6 +84,7 @@ class Pacer:
     self._rounds: collections.deque[_Round] = collections.deque(maxlen=window_rounds)
     self._window = _Window()
     self._open = _Round()  # The steps since the last merge.
+    self._warmup_rounds_left = WARMUP_ROUNDS
 
   def observe_step(self, seconds: float, in_round: bool) -> None:
     """A training step took `seconds` (boundary to boundary); `in_round`: a round was in flight or touched it."""
@@ -94,8 +98,11 @@ class Pacer:
 
   def observe_round(self, latency_s: float) -> None:
     """A round was merged; it took `latency_s` from its snapshot to its result."""
-    self._rounds.append(self._open._replace(latency_s=latency_s))
-    self._open = _Round()
+    measured, self._open = self._open._replace(latency_s=latency_s), _Round()
+    if self._warmup_rounds_left:
+      self._warmup_rounds_left -= 1
+      return
+    self._rounds.append(measured)
     rounds = self._rounds
     self._window = _Window(
       rounds=len(rounds),
@@ -141,8 +148,8 @@ class Pacer:
     return max(0.0, mean_s + CONFIDENCE_Z * math.sqrt(rounds_var + in_round_steps**2 * step_var))
 
   def interval_s(self) -> float:
-    """The least seconds from one round's start to the next's: `fixed_interval_s` if set; else 0 before the first
-    round, then the paced interval."""
+    """The least seconds from one round's start to the next's: `fixed_interval_s` if set; else 0 until a round
+    after the warm-up was measured, then the paced interval."""
     if self.fixed_interval_s is not None:
       return self.fixed_interval_s
     w = self._window

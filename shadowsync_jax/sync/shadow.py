@@ -21,8 +21,12 @@ interval as it stands while it waits. `stats()` reports the pace and what it cam
 Several processes: each runs one such thread, and the threads are the only issuers of cross-process collectives
 (DESIGN §3), one round after the other, so round n of every process meets round n of the others. A process whose
 stream is done keeps serving snapshots from `finish` until every process is done: each round also agrees, by a
-collective, on whether all processes have finished, and all threads stop after that same round. Checkpoints need
-no pause: every process saves its own part, with no collective (`recovery.checkpointing`).
+collective, on whether all processes have finished, and all threads stop after that same round. The same
+agreement takes the longest of the processes' paces, and every thread waits that long from the agreement, which
+they all leave together: the processes come to the next round at about the same moment. (Each waiting its own pace,
+the one with the shorter pace waited for the other inside the round, for seconds at a time, and counted the steps it
+made meanwhile as the round's: its measured cost grew and with it its pace, and the rounds got rare.) Checkpoints
+need no pause: every process saves its own part, with no collective (`recovery.checkpointing`).
 """
 
 import functools
@@ -64,19 +68,21 @@ def _copy(tree: PyTree) -> PyTree:
   return jax.tree.map(jnp.copy, tree)
 
 
-def _all_done_agreement(meshes: replicas.ReplicaMeshes):
-  """`all_done(done) -> bool`: whether every process of the job is done; a collective when there are several."""
+def _round_agreement(meshes: replicas.ReplicaMeshes):
+  """`agree(done, interval_s) -> (all_done, job_interval_s)`: whether every process of the job is done, and the
+  longest of their paces; a collective when there are several."""
   if meshes.job is meshes.local:
-    return lambda done: done
-  job_min = jax.jit(jnp.min, out_shardings=NamedSharding(meshes.job, P()))
-  flag_sharding = replicas.replica_sharding(meshes.job)
+    return lambda done, interval_s: (done, interval_s)
+  job_max = jax.jit(functools.partial(jnp.max, axis=0), out_shardings=NamedSharding(meshes.job, P()))
+  sharding = replicas.replica_sharding(meshes.job)
   num_local = meshes.local.shape[replicas.REPLICA_AXIS]
 
-  def all_done(done: bool) -> bool:
-    flags_R = jax.make_array_from_process_local_data(flag_sharding, np.full((num_local,), done, np.int32))
-    return bool(replicas.fetch(job_min(flags_R)))
+  def agree(done: bool, interval_s: float) -> tuple[bool, float]:
+    local = np.tile(np.array([[0.0 if done else 1.0, interval_s]], np.float32), (num_local, 1))
+    not_done, job_interval_s = replicas.fetch(job_max(jax.make_array_from_process_local_data(sharding, local)))
+    return not_done == 0, float(job_interval_s)
 
-  return all_done
+  return agree
 
 
 class ShadowSync:
@@ -100,7 +106,8 @@ class ShadowSync:
     self._tail_steps = 0  # Steps left that carry the last hand-over's or merge's cost.
     self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job)
     self._consensus_R = algorithms.stacked_consensus(name, meshes.job)
-    self._all_done = _all_done_agreement(meshes)
+    self._agree = _round_agreement(meshes)
+    self._job_interval_s: float | None = None  # The longest pace of the processes, agreed at the last round.
     self._sync_state_R = None  # That of the last merged round; the thread runs ahead on its own copy.
     self._snapshot_wanted = threading.Event()
     self._snapshots: queue.Queue = queue.Queue(maxsize=1)
@@ -186,8 +193,9 @@ class ShadowSync:
     return rounds.consensus(self._consensus_R, self._groups, params_L, self._sync_state_R, self._meshes)
 
   def stats(self) -> dict[str, Any]:
-    """The rounds and sync gaps (`rounds.GapTracker`) and the pace (`pacing.Pacer.stats`)."""
-    return {**self._gaps.stats(), **self._pacer.stats()}
+    """The rounds and sync gaps (`rounds.GapTracker`), this process's pace (`pacing.Pacer.stats`), and
+    sync_job_interval_s: the pace the processes agreed on at the last round (the longest of theirs)."""
+    return {**self._gaps.stats(), **self._pacer.stats(), 'sync_job_interval_s': self._job_interval_s}
 
   def sync_state(self) -> PyTree:
     """The sync state of the last merged round, so it matches the params `after_step` returned (safe to save)."""
@@ -230,13 +238,13 @@ class ShadowSync:
     sync_state_R = self._sync_state_R
     try:
       while not self._stop.is_set():
-        round_start = time.monotonic()
         handed_over = self._next_snapshot()
         if handed_over is None:
           return
         snapshot_L, done = handed_over
         started = time.perf_counter()
-        all_done = self._all_done(done)
+        all_done, self._job_interval_s = self._agree(done, self._interval_s)
+        round_start = time.monotonic()  # The same moment on every process: they all leave the agreement together.
         synced_R, sync_state_R = self._sync_R(replicas.to_job(snapshot_L, self._meshes), sync_state_R)
         synced_L = replicas.to_local(synced_R, self._meshes)
         jax.block_until_ready(synced_L)
@@ -248,10 +256,11 @@ class ShadowSync:
       self._failed.set()
 
   def _wait_for_the_next_round(self, round_start: float) -> None:
-    """Until `_interval_s` (which the training thread may change meanwhile) after `round_start`; at once when this
-    process is done, so that `finish` does not wait out the pace."""
+    """Until the pace after `round_start`: the longest the processes agreed on at that round, or this process's own
+    if it grew since (the training thread may change it meanwhile); at once when this process is done, so that
+    `finish` does not wait out the pace."""
     while not (self._stop.is_set() or self._done.is_set()):
-      remaining_s = self._interval_s - (time.monotonic() - round_start)
+      remaining_s = max(self._job_interval_s, self._interval_s) - (time.monotonic() - round_start)
       if remaining_s <= 0:
         return
       self._stop.wait(min(remaining_s, _POLL_S))

@@ -20,9 +20,13 @@ def _round(pacer: pacing.Pacer, between_steps: int, in_round_steps: int, in_roun
   pacer.observe_round(latency_s)
 
 
-def test_the_first_round_starts_at_once_then_one_that_stopped_training_is_assumed():
+def test_the_first_round_is_a_warm_up_then_one_that_stopped_training_is_assumed():
   pacer = pacing.Pacer(max_overhead=0.05)
   assert pacer.interval_s() == 0.0
+  # The first round (its programs' first run, the collectives' first connections) costs what later ones do not.
+  _round(pacer, between_steps=10, in_round_steps=2, in_round_step_s=50 * STEP_S, latency_s=1.0)
+  assert pacer.interval_s() == 0.0 and pacer.round_cost_s() is None
+  assert pacer.stats()['step_time_in_round_s'] is None  # Left out of every estimate.
   _round(pacer, between_steps=0, in_round_steps=2, in_round_step_s=STEP_S, latency_s=0.03)
   assert pacer.round_cost_s() is None  # No step between rounds measured yet.
   assert pacer.interval_s() == pytest.approx(0.03 / 0.05)
@@ -90,6 +94,8 @@ def test_noisy_measurements_space_the_rounds_further():
   """The pace takes an upper bound of the cost: the same mean cost measured with scatter gives a longer interval,
   which shrinks towards the steady one as more rounds are measured."""
   steady, noisy = pacing.Pacer(0.05, window_rounds=64), pacing.Pacer(0.05, window_rounds=64)
+  for pacer in (steady, noisy):  # The warm-up round, left out.
+    _round(pacer, between_steps=20, in_round_steps=5, in_round_step_s=0.012)
   for i in range(8):
     _round(steady, between_steps=20, in_round_steps=5, in_round_step_s=0.012)
     _round(noisy, between_steps=20, in_round_steps=5, in_round_step_s=0.012 + (0.004 if i % 2 else -0.004))
