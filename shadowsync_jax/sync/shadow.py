@@ -80,7 +80,7 @@ def _round_agreement(meshes: replicas.ReplicaMeshes):
   def agree(done: bool, interval_s: float) -> tuple[bool, float]:
     local = np.tile(np.array([[0.0 if done else 1.0, interval_s]], np.float32), (num_local, 1))
     not_done, job_interval_s = replicas.fetch(job_max(jax.make_array_from_process_local_data(sharding, local)))
-    return not_done == 0, float(job_interval_s)
+    return bool(not_done == 0), float(job_interval_s)
 
   return agree
 
