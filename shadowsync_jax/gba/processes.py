@@ -52,7 +52,11 @@ from shadowsync_jax.recovery import checkpointing
 
 PyTree = Any
 _POLL_S = 0.05  # How often a waiting thread checks for an error or a stop.
-_IDLE_WAIT_S = 0.005  # A round with nothing to send anywhere: how long the thread waits for its own outbox.
+# A thread with an empty outbox waits this long for it before it enters the round anyway, doubling after every
+# round that carried nothing anywhere: a busy job's rounds follow each other at once (a process with nothing to send
+# would otherwise hold every other process's gradients for its wait), an idle job's spin slowly.
+_IDLE_WAIT_MIN_S = 1e-4
+_IDLE_WAIT_MAX_S = 0.005
 _ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
 
 
@@ -151,6 +155,7 @@ class GradientExchange:
     self._stop = threading.Event()
     self._error: BaseException | None = None
     self._thread = threading.Thread(target=self._run, name='gba-exchange', daemon=True)
+    self._idle_wait_s = _IDLE_WAIT_MIN_S
     self.rounds = 0
     self._first_global_step = server.global_step
     self._first_update_round: int | None = None  # The round in which the server copy first updated, if it has.
@@ -220,7 +225,7 @@ class GradientExchange:
     """Everything in the outbox (waiting a moment when it is empty) and whether this process is done."""
     with self._changed:
       if not self._outbox and not self._done:
-        self._changed.wait(timeout=_IDLE_WAIT_S)
+        self._changed.wait(timeout=self._idle_wait_s)
       entries, self._outbox = self._outbox, []
       return entries, self._done
 
@@ -232,6 +237,8 @@ class GradientExchange:
     parts = [self._codec.unpack(packed) for packed in packed_P]
     if all(done and not received for received, done in parts):
       return False
+    busy = any(received for received, _ in parts)
+    self._idle_wait_s = _IDLE_WAIT_MIN_S if busy else min(2 * self._idle_wait_s, _IDLE_WAIT_MAX_S)
     for process, (received, _) in enumerate(parts):  # One order on every process: by process, then local step.
       for entry in received:
         self._receive(process, entry)
@@ -331,6 +338,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         params, token = exchange.pull()
         if not warm and exchange.warmed_up():
           warm, segment_start = True, time.perf_counter()
+          delay.restart()  # The wait for the servers' compilation is not a step: a straggler does not multiply it.
         results = gradient_fn(params, next(batches))
         jax.block_until_ready(results)  # A worker computes one gradient at a time: it pulls again after pushing.
         delay.after_step(results[0])

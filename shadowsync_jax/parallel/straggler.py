@@ -4,6 +4,7 @@
   for step in ...:
     state, metrics = train_step(state, batch)
     delay.after_step(metrics)      # waits for the step, then sleeps (slowdown - 1) x the time the step took
+  delay.restart()                  # after a wait that is no step (another process compiling): not multiplied
 
 The step's time is measured from the end of the previous `after_step` to the moment this step's results are ready
 (data, dispatch and compute: everything the loop does per step), so the loop as a whole runs `slowdown` times
@@ -35,4 +36,9 @@ class Straggler:
       delay = (self.slowdown - 1) * (now - self._last_end)
       time.sleep(delay)
       self.slept_s += delay
+    self._last_end = time.perf_counter()
+
+  def restart(self) -> None:
+    """The next step is timed from now: the wait since the last step (a compilation elsewhere, a checkpoint) is
+    not part of its steps, and sleeping a multiple of it would stall the straggler for no step."""
     self._last_end = time.perf_counter()
