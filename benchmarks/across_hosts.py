@@ -2,24 +2,27 @@ r"""The ShadowSync study across emulated hosts: what synchronization costs when 
 
   python -m benchmarks.across_hosts [--profiles=10gbit,1gbit,100mbit] \
       [--algorithms=none,sync_sgd,fr_ma,shadow_ma,shadow_ea,shadow_bmuf] [--num_train_examples=N] \
-      [--max_overhead=0.05] [--repeats=2] [--out=benchmarks/results/across_hosts.md] \
+      [--max_overhead=0.05] [--repeats=3] [--out=benchmarks/results/across_hosts.md] \
       [--plot=benchmarks/results/across_hosts.png]
 
 Each algorithm runs as a job of 2 processes, each in an emulated host of its own (`experiments.launch
 --hosts=netns`: a network namespace behind a link shaped to the profile, the coordinator in host 0) and pinned to
 one core, one replica per host (the default `num_replicas`, on the launcher's default 4 CPU devices), on the default
-config; every profile's rows run one after the other, so they meet the same load. Prints a markdown table per row:
-examples/sec of each host and their mean against `none`'s at that profile, eval NE and its gap to `sync_sgd`'s at
+config. Examples/sec of the same job move by 10-30% between runs on a shared machine, more than a shadow thread's
+cost, so every run of another algorithm is bracketed by runs of `none` on the same link, just before and just after
+it (none, sync_sgd, none, fr_ma, none, shadow_ma, ..., none), and its throughput is read against theirs: the
+ratio of its examples/sec (mean of the hosts) to the mean of the two `none` runs around it. Prints a markdown table
+per row: examples/sec of each host (mean over the row's runs), that paired ratio (mean over the row's runs, every run's
+in the raw summaries), eval NE and its gap to `sync_sgd`'s at
 that profile, sync rounds, mean sync gap, the pace the hosts agreed on at the last round, and the bytes each host sent
 per step (from its interface counters); writes it with the raw summaries to `--out` and a plot of examples/sec
 against bandwidth (one line per algorithm) to `--plot`.
 
 Changed from the defaults: each process pinned to a core, `train.progress_every_s`. The default problem's 2M
-examples (sync SGD at 100 Mbit/s takes 0.1 s a step; with the default 2 runs of every other row the study takes about
-45 minutes). `fr_ma` keeps the default `sync.every_k_steps` (10), the shadow algorithms the default pace
-(`sync.min_interval_s=auto`, `sync.max_overhead=0.05`). Examples/sec of the same job move by 10-30% between runs on
-a shared machine; each row but `sync_sgd` runs `--repeats` times and reports its fastest run.
-Needs root and iproute2 (`shadowsync_jax.parallel.netns`).
+examples (sync SGD at 100 Mbit/s takes 0.1 s a step; with the default 3 runs of every other row, each beside its
+`none` runs, the study takes about 50 minutes). `fr_ma` keeps the default `sync.every_k_steps` (10), the shadow
+algorithms the default pace (`sync.min_interval_s=auto`, `sync.max_overhead=0.05`). `sync_sgd` runs once: its NE is
+the reference and does not move between runs. Needs root and iproute2 (`shadowsync_jax.parallel.netns`).
 """
 
 import io
@@ -32,6 +35,7 @@ from absl import flags
 from shadowsync_jax import cli
 from shadowsync_jax.parallel import netns
 from shadowsync_jax.parallel import supervisor
+from shadowsync_jax.studies import bracketed
 from shadowsync_jax.studies import report as study_report
 
 ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'shadow_ma', 'shadow_ea', 'shadow_bmuf')
@@ -44,10 +48,9 @@ flags.DEFINE_integer('num_train_examples', None, "Length of the one-pass trainin
 flags.DEFINE_float('max_overhead', None, "sync.max_overhead, the shadow pace's budget; unset: the default (0.05).")
 flags.DEFINE_integer(
   'repeats',
-  2,
-  "Runs of each row but sync_sgd, in turn (a profile's rows, then again); a row reports its run with the most "
-  'examples/sec, as external load only ever slows a run down. sync_sgd runs once (the NE reference, deterministic; '
-  'a quarter of an hour at 100mbit).',
+  3,
+  "Runs of each row but none and sync_sgd, in turn (a profile's rows, then again), each between two runs of none. "
+  'sync_sgd runs once (the NE reference, deterministic; 7 minutes at 100mbit).',
 )
 flags.DEFINE_string('out', 'benchmarks/results/across_hosts.md', 'Where the table and raw summaries go.')
 flags.DEFINE_string('plot', 'benchmarks/results/across_hosts.png', 'Where the plot goes.')
@@ -86,14 +89,20 @@ def _mean(values: list[float]) -> float:
   return sum(values) / len(values)
 
 
-def best_run(summaries: list[dict]) -> dict:
-  """The run with the most examples/sec (mean of the hosts), with what every run read beside it."""
-  best = max(summaries, key=lambda s: _mean(s['examples_per_sec_per_process']))
+def row(summaries: list[dict], ratios: list[float | None]) -> dict:
+  """One row from its runs: the first run's summary (NE, rounds, pace, bytes), each host's examples/sec as the mean
+  over the runs, the paired ratio as the mean of the runs', and what every run read."""
+  per_host = [s['examples_per_sec_per_process'] for s in summaries]
+  known = [r for r in ratios if r is not None]
   return {
-    **best,
-    'examples_per_sec_per_run': [_mean(s['examples_per_sec_per_process']) for s in summaries],
+    **summaries[0],
+    'examples_per_sec_per_process': [_mean(list(host)) for host in zip(*per_host)],
+    'vs_none_paired': _mean(known) if known else None,
+    'vs_none_per_run': ratios,
+    'examples_per_sec_per_run': [_mean(speeds) for speeds in per_host],
     'eval_ne_per_run': [s['eval_ne'] for s in summaries],
     'sync_rounds_per_run': [s.get('sync_rounds') for s in summaries],
+    'sync_job_interval_s_per_run': [s.get('sync_job_interval_s') for s in summaries],
   }
 
 
@@ -105,9 +114,8 @@ def table(results: dict[tuple[str, str], dict]) -> str:
   ]
   for (profile, algorithm), summary in results.items():
     speeds = summary['examples_per_sec_per_process']
-    none = results.get((profile, 'none'))
     reference = results.get((profile, 'sync_sgd'))
-    ratio = f'{_mean(speeds) / _mean(none["examples_per_sec_per_process"]):.2f}' if none else '-'
+    ratio = '-' if summary['vs_none_paired'] is None else f'{summary["vs_none_paired"]:.2f}'
     ne_gap = f'{100 * (summary["eval_ne"] / reference["eval_ne"] - 1):+.2f}%' if reference else '-'
     gap, pace = summary['mean_sync_gap'], summary.get('sync_job_interval_s')
     sent = _mean(summary['net_bytes_sent']) / summary['train_steps'] / 1e3
@@ -154,17 +162,23 @@ def main(argv):
     cli.exit_with_usage_error(reason)
   if FLAGS.repeats < 1:
     cli.exit_with_usage_error(f'--repeats={FLAGS.repeats} must be at least 1.')
-  runs: dict[tuple[str, str], list[dict]] = {}
+  if 'none' not in FLAGS.algorithms:
+    cli.exit_with_usage_error('--algorithms must hold none: every other run is read against the none runs beside it.')
+  others = [
+    a for repeat in range(FLAGS.repeats) for a in FLAGS.algorithms if a != 'none' and not (repeat and a == 'sync_sgd')
+  ]
+  order = bracketed.run_order('none', others)
+  results = {}
   with tempfile.TemporaryDirectory() as root:
     for profile in FLAGS.profiles:
-      for repeat in range(FLAGS.repeats):
-        for algorithm in FLAGS.algorithms:
-          if algorithm == 'sync_sgd' and repeat:
-            continue
-          print(f'--- {algorithm} at {profile}, run {repeat + 1}', flush=True)
-          workdir = pathlib.Path(root) / f'{profile}_{algorithm}_{repeat}'
-          runs.setdefault((profile, algorithm), []).append(run_job(workdir, algorithm, profile))
-  results = {key: best_run(summaries) for key, summaries in runs.items()}
+      summaries = []
+      for i, algorithm in enumerate(order):
+        print(f'--- {algorithm} at {profile} (run {i + 1} of {len(order)})', flush=True)
+        summaries.append(run_job(pathlib.Path(root) / f'{profile}_{i}_{algorithm}', algorithm, profile))
+      ratios = bracketed.ratios(order, [_mean(s['examples_per_sec_per_process']) for s in summaries], 'none')
+      for algorithm in FLAGS.algorithms:
+        runs = [i for i, a in enumerate(order) if a == algorithm]
+        results[(profile, algorithm)] = row([summaries[i] for i in runs], [ratios[i] for i in runs])
   text = table(results)
   print(text)
   plot(results, FLAGS.plot)
@@ -175,14 +189,11 @@ def main(argv):
     + (f'{FLAGS.num_train_examples:,} training examples; ' if FLAGS.num_train_examples else '')
     + (f'sync.max_overhead={FLAGS.max_overhead:g}; ' if FLAGS.max_overhead is not None else '')
     + 'everything else at the default config (shadow pace auto, fr_ma every 10 steps, checkpoints on). '
-    + (
-      f'Every row but sync_sgd ran {FLAGS.repeats} times in turn and shows its run with the most examples/sec '
-      "(the raw summaries list every run's); sync_sgd ran once. "
-      if FLAGS.repeats > 1
-      else ''
-    )
-    + '"vs none": the mean of the hosts\' examples/sec over none\'s at that link; '
-    '"sent per step": the bytes a host\'s interface sent, per training step, mean of the hosts.'
+    + f'Per link the runs went {", ".join(order)}: every run of another algorithm between two runs of none. '
+    + 'Host ex/s: the mean over the row\'s runs; "vs none": a run\'s examples/sec (mean of the hosts) over the mean '
+    "of the two none runs around it, averaged over the row's runs (the raw summaries list every run's); NE, rounds, "
+    'gap, pace and bytes: the row\'s first run. "sent per step": the bytes a host\'s interface sent, per training '
+    'step, mean of the hosts.'
   )
   out = study_report.write(
     FLAGS.out,

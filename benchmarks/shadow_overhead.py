@@ -10,8 +10,8 @@ the background thread running and not (`shadow_overhead.measure`). The rounds ke
 a flag sets it. Prints a markdown table: examples/sec without and with the thread (medians over the windows), their
 ratio per pair (median, quartiles), rounds, mean sync gap, and the pace the rounds settled on with the round cost it
 came from; writes it to `--out`, with every setting changed from the defaults. The issue's target is a ratio of at
-least 0.95. Single pairs scatter by about 10% on a shared machine; 40 pairs put the median within about 1.5% (7
-minutes for the three algorithms here). The interval of the median is distribution-free
+least 0.95. Single pairs scatter by about 5-10% on a shared machine; 40 pairs put the median within about 1.5%
+(3-7 minutes for the three algorithms here). The interval of the median is distribution-free
 (`shadow_overhead.median_interval`, the sign test; about 96% for 40 pairs).
 """
 

@@ -6,6 +6,8 @@
   for step in ...:
     state_L, _ = train_step(state_L, batch_L)
     state_L = driver.after_step(step, state_L)  # foreground: a blocking round every k steps; shadow: merge a result
+    ... metric writes, saves ...
+    driver.loop_work(seconds)                   # what they took: shadow leaves a step with a save out of its pace
   state_L = driver.finish(state_L)             # ends the rounds (shadow: with every process) and joins the thread
   params = driver.consensus(state_L.params)    # the model to evaluate (DESIGN §3), whole on every device
   driver.stats()                               # sync_rounds, mean/max sync gap, mean round latency; shadow: the pace
@@ -43,6 +45,10 @@ class SyncDriver(Protocol):
     """The current sync state, to checkpoint with the train state (None for algorithms without rounds)."""
 
   def after_step(self, step: int, state_L: Any) -> Any: ...
+
+  def loop_work(self, seconds: float) -> None:
+    """The loop spent `seconds` on work of its own after the last `after_step` (metric writes, saves): a driver
+    that times the steps may leave the step that ends at the next boundary out."""
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds (`abandon`: at once, the run is failing) and returns the final train state."""
@@ -99,6 +105,9 @@ class RestartedSync:
 
   def after_step(self, step: int, state_L: Any) -> Any:
     return self._driver.after_step(step, state_L)
+
+  def loop_work(self, seconds: float) -> None:
+    self._driver.loop_work(seconds)
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     return self._driver.finish(state_L, abandon)

@@ -26,6 +26,9 @@ class _TrainingThreadOnly:
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     return state_L
 
+  def loop_work(self, seconds: float) -> None:
+    pass  # Nothing paces itself by the steps' times.
+
 
 class NoSync(_TrainingThreadOnly):
   """`none` (R independent models) and `sync_sgd` (synchronized inside the train step, no rounds)."""

@@ -27,7 +27,8 @@ c, its mean plus two standard errors (from the spread of the rounds' costs and o
 noisy machine spaces rounds further and a steady one gets close to the budget. Until steps between rounds have been
 measured, a round is taken to stop training for its whole latency (c = latency). And rounds stay far enough apart
 that a few steps between them keep being measured (at least a round's in-round time plus `STEPS_BETWEEN_ROUNDS`
-steps).
+steps). What the driver feeds it leaves out the steps that carry the training loop's own work (a checkpoint save,
+a metric write: `ShadowSync.loop_work`), which are neither a round's cost nor a step's.
 
 Pure bookkeeping, no clock and no threads: the driver (`shadow.ShadowSync`) feeds it what it timed.
 """

@@ -5,6 +5,7 @@
   for step in ...:
     state_L, _ = train_step(state_L, batch_L)    # no cross-replica collective in here
     state_L = driver.after_step(step, state_L)   # never waits for a round
+    driver.loop_work(seconds)                    # the loop's own work (writes, saves): a long one is not a step's
   state_L = driver.finish(state_L)               # last rounds with every process, then joins the thread
 
 A round: the thread asks for a snapshot; at its next step boundary the training loop dispatches a copy `s` of the
@@ -29,6 +30,7 @@ made meanwhile as the round's: its measured cost grew and with it its pace, and 
 need no pause: every process saves its own part, with no collective (`recovery.checkpointing`).
 """
 
+from collections.abc import Callable
 import functools
 import queue
 import threading
@@ -119,12 +121,18 @@ class ShadowSync:
     self._thread: threading.Thread | None = None
     self._compiled = False
     self._gaps = rounds.GapTracker()
+    self._first_round_after_s = 0.0
 
   def initial_sync_state(self, state_L: Any) -> PyTree:
     return self._init_R(replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes))
 
-  def start(self, state_L: Any, sync_state_R: PyTree) -> None:
-    """Compiles what the rounds run, then starts the thread."""
+  def start(self, state_L: Any, sync_state_R: PyTree, first_round_after_s: float = 0.0) -> None:
+    """Compiles what the rounds run, then starts the thread; its first round comes `first_round_after_s` later
+    (a training run starts at once; `studies.shadow_overhead` starts each timed window at a random phase of the
+    pace, as a window of a steady run would)."""
+    if not first_round_after_s >= 0:
+      raise ValueError(f'first_round_after_s={first_round_after_s} must be >= 0.')
+    self._first_round_after_s = first_round_after_s
     self._compile_rounds(state_L, sync_state_R)
     self._sync_state_R = sync_state_R
     self._gaps.reset(int(state_L.step[0]))
@@ -162,6 +170,16 @@ class ShadowSync:
     self._interval_s = self._pacer.interval_s()
     self._last_boundary_s = now
     return state_L
+
+  def loop_work(self, seconds: float) -> None:
+    """The loop's own work since the last boundary (metric writes, saves, its recovery's bookkeeping) took
+    `seconds`. If that is longer than a mean step between rounds, the step that ends at the next boundary is left
+    out of the pace: it carries a save or a write (which waits for the device), not a round's cost, and a few such
+    steps among a round's would make the round look many times dearer. Bookkeeping of microseconds leaves the step
+    timed, and so does everything before a step time is known (so that one gets known)."""
+    step_s = self._pacer.step_time_s()
+    if step_s is not None and seconds > step_s:
+      self._last_boundary_s = None
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds and joins the thread; raises its error if it failed.
@@ -237,6 +255,8 @@ class ShadowSync:
   def _run(self) -> None:
     sync_state_R = self._sync_state_R
     try:
+      started_s = time.monotonic()
+      self._wait(lambda: self._first_round_after_s - (time.monotonic() - started_s))
       while not self._stop.is_set():
         handed_over = self._next_snapshot()
         if handed_over is None:
@@ -259,11 +279,16 @@ class ShadowSync:
     """Until the pace after `round_start`: the longest the processes agreed on at that round, or this process's own
     if it grew since (the training thread may change it meanwhile); at once when this process is done, so that
     `finish` does not wait out the pace."""
+    self._wait(lambda: max(self._job_interval_s, self._interval_s) - (time.monotonic() - round_start))
+
+  def _wait(self, remaining_s: Callable[[], float]) -> None:
+    """Until `remaining_s()` reaches 0 (asked again at every poll), or at once when stopped or this process is
+    done."""
     while not (self._stop.is_set() or self._done.is_set()):
-      remaining_s = max(self._job_interval_s, self._interval_s) - (time.monotonic() - round_start)
-      if remaining_s <= 0:
+      left_s = remaining_s()
+      if left_s <= 0:
         return
-      self._stop.wait(min(remaining_s, _POLL_S))
+      self._stop.wait(min(left_s, _POLL_S))
 
   def _next_snapshot(self) -> PyTree | None:
     self._snapshot_wanted.set()

@@ -468,3 +468,55 @@ def test_auto_paces_the_rounds_and_reports_the_pace():
   _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   assert stats['sync_interval_s'] > 0 and stats['step_time_s'] > 0, stats
   assert stats['sync_round_cost_s'] is not None and stats['sync_overhead_estimate'] is not None, stats
+
+
+def test_the_first_round_waits_first_round_after_s_and_finish_does_not():
+  """`start(..., first_round_after_s)` (the overhead benchmark's random phase): no snapshot is asked for before it;
+  `finish` still ends at once, with its last round on the final params."""
+  loop = Loop(_driver('ma', 4), 4)
+  with pytest.raises(ValueError, match='first_round_after_s'):
+    loop.driver.start(loop.state, loop.driver.initial_sync_state(loop.state), first_round_after_s=-1.0)
+  before = set(threading.enumerate())
+  loop.driver.start(loop.state, loop.driver.initial_sync_state(loop.state), first_round_after_s=1000.0)
+  (thread,) = set(threading.enumerate()) - before
+  loop.run(20)
+  assert not loop.driver._snapshot_wanted.is_set() and loop.driver.stats()['sync_rounds'] == 0  # pylint: disable=protected-access
+  started = time.monotonic()
+  final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  assert not thread.is_alive() and time.monotonic() - started < 10.0
+  assert loop.driver.stats()['sync_rounds'] == 1
+  _assert_tree_close(
+    final.params, jax.tree.map(lambda w: np.broadcast_to(w.mean(axis=0), w.shape), loop.unsynced(loop.step)), 'end'
+  )
+
+
+def _steps_timed(driver) -> int:
+  pacer = driver._pacer  # pylint: disable=protected-access
+  return pacer._open.in_round_steps + pacer._open.between_steps  # pylint: disable=protected-access
+
+
+def test_a_step_after_long_loop_work_is_left_out_of_the_pace(monkeypatch):
+  """The loop's own work (a save, a metric write) longer than a mean step takes the next step out of the pace;
+  bookkeeping does not, nor does anything before a step time is known (or none would ever be)."""
+  loop = Loop(_driver('ma', 4, min_interval_s=1000.0), 4)  # One round, then only steps between rounds.
+  with _holding_rounds(loop.driver, monkeypatch):  # No merge resets the counts meanwhile.
+    _start(loop)
+    loop.run(2)
+    assert loop.driver._pacer.step_time_s() is None  # pylint: disable=protected-access
+    timed = _steps_timed(loop.driver)
+    loop.driver.loop_work(1000.0)
+    loop.run(1)
+    assert _steps_timed(loop.driver) == timed + 1
+  loop.wait_for_rounds(1)
+  loop.run(10)
+  assert loop.driver._pacer.step_time_s() is not None  # pylint: disable=protected-access
+  timed = _steps_timed(loop.driver)
+  loop.driver.loop_work(0.0)
+  loop.run(1)
+  assert _steps_timed(loop.driver) == timed + 1
+  loop.driver.loop_work(1000.0)
+  loop.run(1)
+  assert _steps_timed(loop.driver) == timed + 1  # Left out.
+  loop.run(1)
+  assert _steps_timed(loop.driver) == timed + 2
+  _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
