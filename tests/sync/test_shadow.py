@@ -113,10 +113,10 @@ def _driver(name: str, num_replicas: int, groups=ALL, min_interval_s=0.0, algori
   return shadow_sync.ShadowSync(algorithm, name, replicas.make_meshes(num_replicas), groups, min_interval_s)
 
 
-def _start(loop: Loop) -> threading.Thread:
+def _start(loop: Loop, **start_kwargs) -> threading.Thread:
   """Starts the driver; returns its background thread."""
   before = set(threading.enumerate())
-  loop.driver.start(loop.state, loop.driver.initial_sync_state(loop.state))
+  loop.driver.start(loop.state, loop.driver.initial_sync_state(loop.state), **start_kwargs)
   (thread,) = set(threading.enumerate()) - before
   return thread
 
@@ -476,9 +476,7 @@ def test_the_first_round_waits_first_round_after_s_and_finish_does_not():
   loop = Loop(_driver('ma', 4), 4)
   with pytest.raises(ValueError, match='first_round_after_s'):
     loop.driver.start(loop.state, loop.driver.initial_sync_state(loop.state), first_round_after_s=-1.0)
-  before = set(threading.enumerate())
-  loop.driver.start(loop.state, loop.driver.initial_sync_state(loop.state), first_round_after_s=1000.0)
-  (thread,) = set(threading.enumerate()) - before
+  thread = _start(loop, first_round_after_s=1000.0)
   loop.run(20)
   assert not loop.driver._snapshot_wanted.is_set() and loop.driver.stats()['sync_rounds'] == 0  # pylint: disable=protected-access
   started = time.monotonic()
