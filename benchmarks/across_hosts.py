@@ -28,6 +28,7 @@ the reference and does not move between runs. Needs root and iproute2 (`shadowsy
 import io
 import json
 import pathlib
+from statistics import fmean
 import tempfile
 
 from absl import flags
@@ -85,21 +86,19 @@ def run_job(workdir: pathlib.Path, algorithm: str, profile: str) -> dict:
   return json.loads((workdir / 'summary.json').read_text())
 
 
-def _mean(values: list[float]) -> float:
-  return sum(values) / len(values)
-
-
-def row(summaries: list[dict], ratios: list[float | None]) -> dict:
-  """One row from its runs: the first run's summary (NE, rounds, pace, bytes), each host's examples/sec as the mean
-  over the runs, the paired ratio as the mean of the runs', and what every run read."""
-  per_host = [s['examples_per_sec_per_process'] for s in summaries]
+def row(summaries: list[dict], speeds: list[float], ratios: list[float | None]) -> dict:
+  """One row from its runs (their summaries, examples/sec and paired ratios): the first run's summary (NE, rounds,
+  pace, bytes), each host's examples/sec as the mean over the runs, the paired ratio as the mean of the runs', and
+  what every run read."""
   known = [r for r in ratios if r is not None]
   return {
     **summaries[0],
-    'examples_per_sec_per_process': [_mean(list(host)) for host in zip(*per_host)],
-    'vs_none_paired': _mean(known) if known else None,
+    'examples_per_sec_per_process': [
+      fmean(host) for host in zip(*(s['examples_per_sec_per_process'] for s in summaries))
+    ],
+    'vs_none_paired': fmean(known) if known else None,
     'vs_none_per_run': ratios,
-    'examples_per_sec_per_run': [_mean(speeds) for speeds in per_host],
+    'examples_per_sec_per_run': speeds,
     'eval_ne_per_run': [s['eval_ne'] for s in summaries],
     'sync_rounds_per_run': [s.get('sync_rounds') for s in summaries],
     'sync_job_interval_s_per_run': [s.get('sync_job_interval_s') for s in summaries],
@@ -118,7 +117,7 @@ def table(results: dict[tuple[str, str], dict]) -> str:
     ratio = '-' if summary['vs_none_paired'] is None else f'{summary["vs_none_paired"]:.2f}'
     ne_gap = f'{100 * (summary["eval_ne"] / reference["eval_ne"] - 1):+.2f}%' if reference else '-'
     gap, pace = summary['mean_sync_gap'], summary.get('sync_job_interval_s')
-    sent = _mean(summary['net_bytes_sent']) / summary['train_steps'] / 1e3
+    sent = fmean(summary['net_bytes_sent']) / summary['train_steps'] / 1e3
     lines.append(
       f'| {profile} | {algorithm} | {speeds[0]:,.0f} | {speeds[1]:,.0f} | {ratio} | {summary["eval_ne"]:.4f} | '
       f'{ne_gap} | {summary["sync_rounds"]} | {"-" if gap is None else f"{gap:.1f}"} | '
@@ -136,7 +135,7 @@ def plot(results: dict[tuple[str, str], dict], path: str) -> None:
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   for algorithm in FLAGS.algorithms:
     points = [
-      (BANDWIDTH_BPS[p], _mean(results[(p, algorithm)]['examples_per_sec_per_process'])) for p in FLAGS.profiles
+      (BANDWIDTH_BPS[p], fmean(results[(p, algorithm)]['examples_per_sec_per_process'])) for p in FLAGS.profiles
     ]
     points.sort()
     ax.plot([x for x, _ in points], [y for _, y in points], marker='o', label=algorithm)
@@ -175,10 +174,13 @@ def main(argv):
       for i, algorithm in enumerate(order):
         print(f'--- {algorithm} at {profile} (run {i + 1} of {len(order)})', flush=True)
         summaries.append(run_job(pathlib.Path(root) / f'{profile}_{i}_{algorithm}', algorithm, profile))
-      ratios = bracketed.ratios(order, [_mean(s['examples_per_sec_per_process']) for s in summaries], 'none')
+      speeds = [fmean(s['examples_per_sec_per_process']) for s in summaries]  # Of each run: the mean of the hosts.
+      ratios = bracketed.ratios(order, speeds, 'none')
       for algorithm in FLAGS.algorithms:
         runs = [i for i, a in enumerate(order) if a == algorithm]
-        results[(profile, algorithm)] = row([summaries[i] for i in runs], [ratios[i] for i in runs])
+        results[(profile, algorithm)] = row(
+          [summaries[i] for i in runs], [speeds[i] for i in runs], [ratios[i] for i in runs]
+        )
   text = table(results)
   print(text)
   plot(results, FLAGS.plot)
