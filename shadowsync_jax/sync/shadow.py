@@ -258,13 +258,16 @@ class ShadowSync:
       started_s = time.monotonic()
       self._wait(lambda: self._first_round_after_s - (time.monotonic() - started_s))
       while not self._stop.is_set():
+        # Agree before asking for the snapshot: a process that waits here for a late peer is not in a round, and
+        # its steps meanwhile are no round's cost (asked after the snapshot, the wait counted as one, and a peer's
+        # one-off stall of a second spaced this process's rounds seconds apart for the rest of the run).
+        all_done, self._job_interval_s = self._agree(self._done.is_set(), self._interval_s)
+        round_start = time.monotonic()  # The same moment on every process: they all leave the agreement together.
         handed_over = self._next_snapshot()
         if handed_over is None:
           return
-        snapshot_L, done = handed_over
+        snapshot_L, _ = handed_over
         started = time.perf_counter()
-        all_done, self._job_interval_s = self._agree(done, self._interval_s)
-        round_start = time.monotonic()  # The same moment on every process: they all leave the agreement together.
         synced_R, sync_state_R = self._sync_R(replicas.to_job(snapshot_L, self._meshes), sync_state_R)
         synced_L = replicas.to_local(synced_R, self._meshes)
         jax.block_until_ready(synced_L)
