@@ -518,3 +518,43 @@ def test_a_step_after_long_loop_work_is_left_out_of_the_pace(monkeypatch):
   loop.run(1)
   assert _steps_timed(loop.driver) == timed + 2
   _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+
+
+class LatePeer:
+  """Stands in for the driver's `_agree` (a collective across processes): at its second call a peer is late, and
+  the call waits until the test sets `arrive`."""
+
+  def __init__(self):
+    self.calls = 0
+    self.waiting, self.arrive = threading.Event(), threading.Event()
+
+  def __call__(self, done: bool, interval_s: float) -> tuple[bool, float]:
+    self.calls += 1
+    if self.calls == 2:
+      self.waiting.set()
+      if not self.arrive.wait(TIMEOUT_S):
+        raise TimeoutError('the test never let the peer arrive')
+    return done, interval_s
+
+
+def test_a_wait_for_a_late_peer_is_no_rounds_cost(monkeypatch):
+  """Across processes a round begins with the processes agreeing (a collective). A process that waits there for a
+  late peer has handed over no snapshot: its steps meanwhile are timed as between rounds, not as the round's cost
+  (counted as its cost, one peer's stall of a second spaced this process's rounds seconds apart for the rest of a
+  run), and the round's snapshot is taken when the peer has arrived."""
+  monkeypatch.setattr(pacing, 'WARMUP_ROUNDS', 0)
+  loop = Loop(_driver('ma', 4, min_interval_s=0.0), 4)
+  late = LatePeer()
+  monkeypatch.setattr(loop.driver, '_agree', late)
+  try:
+    _start(loop)
+    loop.wait_for_rounds(1)
+    loop.advance_until(late.waiting.is_set, 'the second round waiting for the late peer')
+    loop.run(10)
+    assert not loop.driver._snapshot_wanted.is_set()  # pylint: disable=protected-access
+    waited = loop.driver._pacer._open  # pylint: disable=protected-access  (the steps since the first merge)
+    assert waited.in_round_steps == shadow_sync._TAIL_STEPS and waited.between_steps >= 10 - waited.in_round_steps
+  finally:
+    late.arrive.set()
+  loop.wait_for_rounds(2)
+  _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
