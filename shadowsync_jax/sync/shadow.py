@@ -248,7 +248,7 @@ class ShadowSync:
         self._pacer.observe_round(latency_s)
     if self._snapshot_wanted.is_set():
       self._snapshot_wanted.clear()
-      self._snapshots.put((_copy(rounds.select(state_L.params, self._groups)), self._done.is_set()))
+      self._snapshots.put(_copy(rounds.select(state_L.params, self._groups)))
       self._in_flight, self._tail_steps = True, _TAIL_STEPS
     return state_L
 
@@ -263,10 +263,9 @@ class ShadowSync:
         # one-off stall of a second spaced this process's rounds seconds apart for the rest of the run).
         all_done, self._job_interval_s = self._agree(self._done.is_set(), self._interval_s)
         round_start = time.monotonic()  # The same moment on every process: they all leave the agreement together.
-        handed_over = self._next_snapshot()
-        if handed_over is None:
+        snapshot_L = self._next_snapshot()
+        if snapshot_L is None:
           return
-        snapshot_L, _ = handed_over
         started = time.perf_counter()
         synced_R, sync_state_R = self._sync_R(replicas.to_job(snapshot_L, self._meshes), sync_state_R)
         synced_L = replicas.to_local(synced_R, self._meshes)
