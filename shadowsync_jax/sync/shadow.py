@@ -26,8 +26,10 @@ collective, on whether all processes have finished, and all threads stop after t
 agreement takes the longest of the processes' paces, and every thread waits that long from the agreement, which
 they all leave together: the processes come to the next round at about the same moment. (Each waiting its own pace,
 the one with the shorter pace waited for the other inside the round, for seconds at a time, and counted the steps it
-made meanwhile as the round's: its measured cost grew and with it its pace, and the rounds got rare.) Checkpoints
-need no pause: every process saves its own part, with no collective (`recovery.checkpointing`).
+made meanwhile as the round's: its measured cost grew and with it its pace, and the rounds got rare.) The agreement
+comes before the snapshot is asked for, so a process that waits there for a late peer has handed nothing over and
+its steps meanwhile are timed as between rounds. Checkpoints need no pause: every process saves its own part, with
+no collective (`recovery.checkpointing`).
 """
 
 from collections.abc import Callable
