@@ -28,7 +28,7 @@ the reference and does not move between runs. Needs root and iproute2 (`shadowsy
 import io
 import json
 import pathlib
-from statistics import fmean
+import statistics
 import tempfile
 
 from absl import flags
@@ -94,9 +94,9 @@ def row(summaries: list[dict], speeds: list[float], ratios: list[float | None]) 
   return {
     **summaries[0],
     'examples_per_sec_per_process': [
-      fmean(host) for host in zip(*(s['examples_per_sec_per_process'] for s in summaries))
+      statistics.fmean(host) for host in zip(*(s['examples_per_sec_per_process'] for s in summaries))
     ],
-    'vs_none_paired': fmean(known) if known else None,
+    'vs_none_paired': statistics.fmean(known) if known else None,
     'vs_none_per_run': ratios,
     'examples_per_sec_per_run': speeds,
     'eval_ne_per_run': [s['eval_ne'] for s in summaries],
@@ -117,7 +117,7 @@ def table(results: dict[tuple[str, str], dict]) -> str:
     ratio = '-' if summary['vs_none_paired'] is None else f'{summary["vs_none_paired"]:.2f}'
     ne_gap = f'{100 * (summary["eval_ne"] / reference["eval_ne"] - 1):+.2f}%' if reference else '-'
     gap, pace = summary['mean_sync_gap'], summary.get('sync_job_interval_s')
-    sent = fmean(summary['net_bytes_sent']) / summary['train_steps'] / 1e3
+    sent = statistics.fmean(summary['net_bytes_sent']) / summary['train_steps'] / 1e3
     lines.append(
       f'| {profile} | {algorithm} | {speeds[0]:,.0f} | {speeds[1]:,.0f} | {ratio} | {summary["eval_ne"]:.4f} | '
       f'{ne_gap} | {summary["sync_rounds"]} | {"-" if gap is None else f"{gap:.1f}"} | '
@@ -135,7 +135,8 @@ def plot(results: dict[tuple[str, str], dict], path: str) -> None:
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   for algorithm in FLAGS.algorithms:
     points = [
-      (BANDWIDTH_BPS[p], fmean(results[(p, algorithm)]['examples_per_sec_per_process'])) for p in FLAGS.profiles
+      (BANDWIDTH_BPS[p], statistics.fmean(results[(p, algorithm)]['examples_per_sec_per_process']))
+      for p in FLAGS.profiles
     ]
     points.sort()
     ax.plot([x for x, _ in points], [y for _, y in points], marker='o', label=algorithm)
@@ -174,7 +175,8 @@ def main(argv):
       for i, algorithm in enumerate(order):
         print(f'--- {algorithm} at {profile} (run {i + 1} of {len(order)})', flush=True)
         summaries.append(run_job(pathlib.Path(root) / f'{profile}_{i}_{algorithm}', algorithm, profile))
-      speeds = [fmean(s['examples_per_sec_per_process']) for s in summaries]  # Of each run: the mean of the hosts.
+      # Of each run: the mean of its hosts.
+      speeds = [statistics.fmean(s['examples_per_sec_per_process']) for s in summaries]
       ratios = bracketed.ratios(order, speeds, 'none')
       for algorithm in FLAGS.algorithms:
         runs = [i for i, a in enumerate(order) if a == algorithm]

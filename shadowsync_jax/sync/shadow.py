@@ -260,9 +260,7 @@ class ShadowSync:
       started_s = time.monotonic()
       self._wait(lambda: self._first_round_after_s - (time.monotonic() - started_s))
       while not self._stop.is_set():
-        # Agree before asking for the snapshot: a process that waits here for a late peer is not in a round, and
-        # its steps meanwhile are no round's cost (asked after the snapshot, the wait counted as one, and a peer's
-        # one-off stall of a second spaced this process's rounds seconds apart for the rest of the run).
+        # Agree before asking for the snapshot (module docstring): a wait here for a late peer is no round's cost.
         all_done, self._job_interval_s = self._agree(self._done.is_set(), self._interval_s)
         round_start = time.monotonic()  # The same moment on every process: they all leave the agreement together.
         snapshot_L = self._next_snapshot()

@@ -541,7 +541,7 @@ def test_a_wait_for_a_late_peer_is_no_rounds_cost(monkeypatch):
   """Across processes a round begins with the processes agreeing (a collective). A process that waits there for a
   late peer has handed over no snapshot: its steps meanwhile are timed as between rounds, not as the round's cost
   (counted as its cost, one peer's stall of a second spaced this process's rounds seconds apart for the rest of a
-  run), and the round's snapshot is taken when the peer has arrived."""
+  run), and no snapshot is asked for until the peer has arrived."""
   monkeypatch.setattr(pacing, 'WARMUP_ROUNDS', 0)
   loop = Loop(_driver('ma', 4, min_interval_s=0.0), 4)
   late = LatePeer()
