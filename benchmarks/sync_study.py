@@ -1,11 +1,12 @@
 r"""The ShadowSync study: every sync algorithm on the same data, R replicas, total training data fixed, one run.
 
-  python -m benchmarks.sync_study [--repeats=3] [--num_replicas=8] [--batch_size=64] \
-      [--num_train_examples=1000000] [--min_interval_s=auto|SECONDS] [--out=benchmarks/results/sync_study.md]
+  python -m benchmarks.sync_study [--repeats=3] [--num_replicas=8] [--batch_size=256] \
+      [--num_train_examples=2000000] [--min_interval_s=auto|SECONDS] [--out=benchmarks/results/sync_study.md]
 
-Runs `none`, `sync_sgd`, the three foreground algorithms (every `--every_k_steps`), the three shadow algorithms,
-and then each foreground algorithm again with k equal to its shadow counterpart's measured mean sync gap, as the
-ShadowSync paper compares them. The shadow rounds keep the default pace, `sync.min_interval_s='auto'` (paced to
+On the default config (batch 256 per replica, the whole embedded stream of 2M examples) but 8 replicas. Runs
+`none`, `sync_sgd`, the three foreground algorithms (every `--every_k_steps`), the three shadow algorithms, and then
+each foreground algorithm again with k equal to its shadow counterpart's measured mean sync gap, as the ShadowSync
+paper compares them. The shadow rounds keep the default pace, `sync.min_interval_s='auto'` (paced to
 cost at most `sync.max_overhead` of the trainers' throughput), unless `--min_interval_s` sets one. With
 `--repeats=N` the whole grid runs N times in turn and examples/sec is the best of the N (external load only ever
 slows a run down). Prints a markdown table (eval NE, AUC, examples/sec and its ratio to `none`, rounds, mean sync
@@ -25,8 +26,10 @@ from shadowsync_jax import config as config_lib
 from shadowsync_jax.studies import report as study_report
 
 flags.DEFINE_integer('num_replicas', 8, 'Replicas (virtual CPU devices on a CPU machine).')
-flags.DEFINE_integer('num_train_examples', 1_000_000, 'Length of the one-pass training stream, for every run.')
-flags.DEFINE_integer('batch_size', 64, 'Examples per replica per step.')
+flags.DEFINE_integer(
+  'num_train_examples', None, 'Length of the one-pass training stream, for every run; unset: the default (all of it).'
+)
+flags.DEFINE_integer('batch_size', None, 'Examples per replica per step; unset: the default (256).')
 flags.DEFINE_integer('every_k_steps', 10, 'k of the foreground algorithms in their first runs.')
 flags.DEFINE_string('min_interval_s', None, "sync.min_interval_s: seconds, or 'auto'; unset: the default ('auto').")
 flags.DEFINE_string('what', 'all', "What a round syncs: 'all' or 'dense'.")
@@ -49,8 +52,9 @@ def _config(algorithm: str, every_k_steps: int):
 
   config = default.get_config('tiny' if FLAGS.tiny else '')
   config.num_replicas = FLAGS.num_replicas
-  config.batch_size = FLAGS.batch_size
-  if not FLAGS.tiny:
+  if FLAGS.batch_size is not None:
+    config.batch_size = FLAGS.batch_size
+  if FLAGS.num_train_examples is not None and not FLAGS.tiny:
     config.data.num_train_examples = FLAGS.num_train_examples
   config.sync.algorithm = algorithm
   config.sync.every_k_steps = every_k_steps
