@@ -41,7 +41,8 @@ flags.DEFINE_list(
 flags.DEFINE_string(
   'compilation_cache_dir',
   None,
-  'JAX persistent compilation cache (default OUTPUT_DIR/.compilation_cache; empty: none).',
+  'JAX persistent compilation cache (default: $JAX_COMPILATION_CACHE_DIR if set, else OUTPUT_DIR/'
+  '.compilation_cache; empty: none).',
 )
 flags.DEFINE_integer(
   'num_train_examples',
@@ -91,11 +92,9 @@ def main(argv):
   max_replicas = max(cell.replicas for cell in cells)
   jax.config.update('jax_num_cpu_devices', max_replicas)
   output_dir = FLAGS.output_dir or ('runs/sweep_tiny' if FLAGS.tiny else 'runs/sweep')
-  cache_dir = (
-    os.path.join(output_dir, '.compilation_cache')
-    if FLAGS.compilation_cache_dir is None
-    else (FLAGS.compilation_cache_dir)
-  )
+  cache_dir = FLAGS.compilation_cache_dir
+  if cache_dir is None:  # JAX's own setting (JAX_COMPILATION_CACHE_DIR), else the output directory's.
+    cache_dir = jax.config.jax_compilation_cache_dir or os.path.join(output_dir, '.compilation_cache')
   if cache_dir:
     jax.config.update('jax_compilation_cache_dir', os.path.abspath(cache_dir))
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)

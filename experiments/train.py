@@ -52,8 +52,8 @@ flags.DEFINE_bool(
 flags.DEFINE_string(
   'compilation_cache_dir',
   None,
-  'JAX persistent compilation cache, so that a restarted job does not compile again (default WORKDIR/'
-  'compilation_cache; empty: none).',
+  'JAX persistent compilation cache, so that a restarted job does not compile again (default: '
+  '$JAX_COMPILATION_CACHE_DIR if set, else WORKDIR/compilation_cache; empty: none).',
 )
 cli.define_config_flag('experiments/configs/default.py')
 FLAGS = flags.FLAGS
@@ -74,9 +74,9 @@ def main(argv):
   from shadowsync_jax.parallel import compilation_cache  # pylint: disable=g-import-not-at-top
   from shadowsync_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
 
-  cache_dir = (
-    f'{FLAGS.workdir}/compilation_cache' if FLAGS.compilation_cache_dir is None else FLAGS.compilation_cache_dir
-  )
+  cache_dir = FLAGS.compilation_cache_dir
+  if cache_dir is None:  # JAX's own setting (JAX_COMPILATION_CACHE_DIR), else the workdir's.
+    cache_dir = jax.config.jax_compilation_cache_dir or f'{FLAGS.workdir}/compilation_cache'
   if cache_dir:
     compilation_cache.enable(cache_dir, FLAGS.process_id)
   if FLAGS.num_processes > 1:

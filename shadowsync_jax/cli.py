@@ -22,7 +22,6 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from shadowsync_jax import config as config_lib
 from shadowsync_jax.parallel import exit_codes
 
 USAGE_EXIT_CODE = exit_codes.USAGE
@@ -37,7 +36,12 @@ def run(main: Callable[[list[str]], None]) -> None:
     _check_the_config_loaded()
     try:
       main(argv)
-    except config_lib.ConfigError as error:
+    except Exception as error:  # pylint: disable=broad-except  (re-raised unless it is a ConfigError)
+      # Only a binary that loaded the config schema can raise its errors; one that did not (the coordinator, the
+      # launcher) never imports it, nor JAX and flax with it, and starts in a fraction of a second.
+      config_lib = sys.modules.get('shadowsync_jax.config')
+      if config_lib is None or not isinstance(error, config_lib.ConfigError):
+        raise
       exit_with_usage_error(str(error))
 
   app.run(guarded, flags_parser=parse_flags)
@@ -80,6 +84,8 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
 
 def unknown_config_keys(args: Sequence[str]) -> list[str]:
   """One message per `--config.KEY=VALUE` whose KEY the schema does not have, with the nearest known keys."""
+  from shadowsync_jax import config as config_lib  # pylint: disable=g-import-not-at-top  (binaries with a config)
+
   known = config_lib.flat_keys(config_lib.base_config())
   groups = {key.rsplit('.', 1)[0] for key in known if '.' in key}
   messages = []

@@ -1,5 +1,25 @@
-"""Test setup: 8 virtual CPU devices, so multi-replica code runs for real on a laptop CPU."""
+"""Test setup: 8 virtual CPU devices, so multi-replica code runs for real on a laptop CPU; and one persistent
+compilation cache for the whole session, so that a program compiled once (the tiny model's step, init, rounds,
+evaluation) is loaded, not compiled again, by the next test, job process or notebook that builds it (they inherit
+`JAX_COMPILATION_CACHE_DIR`; `experiments.train` and `experiments.sweep` take it over their workdir's cache). The
+cache starts empty every session and is removed at its end."""
+
+import atexit
+import os
+import shutil
+import tempfile
 
 import jax
+
+_CACHE_DIR = tempfile.mkdtemp(prefix='shadowsync_tests_jax_cache_')
+atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+_CACHE_SETTINGS = {
+  'jax_compilation_cache_dir': _CACHE_DIR,
+  'jax_persistent_cache_min_compile_time_secs': 0,  # Every program, however fast it compiles.
+  'jax_persistent_cache_min_entry_size_bytes': -1,
+}
+for name, value in _CACHE_SETTINGS.items():
+  jax.config.update(name, value)
+  os.environ[name.upper()] = str(value)  # For the processes the tests start.
 
 jax.config.update('jax_num_cpu_devices', 8)

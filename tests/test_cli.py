@@ -136,3 +136,34 @@ def test_an_unexpected_error_keeps_its_traceback(tmp_path):
     '--config.data.num_eval_examples=512',
   )
   assert result.returncode == 1 and 'Traceback' in result.stderr and 'IsADirectoryError' in result.stderr
+
+
+@pytest.mark.parametrize('module', ['experiments.coordinator', 'experiments.launch'])
+def test_the_coordinator_and_the_launcher_start_without_the_training_stack(module):
+  """Each generation of a job waits for its coordinator to serve before its processes start: the config schema, and
+  JAX and flax with it, would cost it a second and more per start (and the launcher once a job)."""
+  loaded = 'import sys; print(sorted(m for m in ("jax", "flax", "shadowsync_jax.config") if m in sys.modules))'
+  result = subprocess.run(
+    [sys.executable, '-c', f'import {module}; {loaded}'],
+    cwd=REPO_ROOT,
+    env={**os.environ, 'PYTHONPATH': str(REPO_ROOT)},
+    capture_output=True,
+    text=True,
+    timeout=60,
+    check=True,
+  )
+  assert result.stdout.strip() == '[]', result.stdout
+
+
+def test_train_keeps_its_programs_where_jax_compilation_cache_dir_says(tmp_path):
+  """JAX's own setting wins over the workdir's cache (the tests share one cache this way: conftest.py)."""
+  result = _run(
+    'experiments.train',
+    f'--workdir={tmp_path}',
+    TINY,
+    '--config.data.num_train_examples=2048',
+    '--config.data.num_eval_examples=512',
+  )
+  assert result.returncode == 0, result.stderr
+  assert not (tmp_path / 'compilation_cache').exists()
+  assert any((pathlib.Path(os.environ['JAX_COMPILATION_CACHE_DIR']) / 'process_0').iterdir())
