@@ -15,16 +15,24 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY = '--config=experiments/configs/default.py:tiny'
 
 
-def _run(module: str, *args: str) -> subprocess.CompletedProcess:
+def _python(*args: str) -> subprocess.CompletedProcess:
   env = {**os.environ, 'PYTHONPATH': str(REPO_ROOT)}
   return subprocess.run(
-    [sys.executable, '-m', module, *args],
-    cwd=REPO_ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=120,
-    check=False,
+    [sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+  )
+
+
+def _run(module: str, *args: str) -> subprocess.CompletedProcess:
+  return _python('-m', module, *args)
+
+
+def _train_tiny_briefly(workdir: pathlib.Path) -> subprocess.CompletedProcess:
+  return _run(
+    'experiments.train',
+    f'--workdir={workdir}',
+    TINY,
+    '--config.data.num_train_examples=2048',
+    '--config.data.num_eval_examples=512',
   )
 
 
@@ -128,13 +136,7 @@ def test_launch_prints_a_refused_config_once_and_exits_2(tmp_path):
 
 def test_an_unexpected_error_keeps_its_traceback(tmp_path):
   (tmp_path / 'summary.json').mkdir()  # The summary cannot be written: not a config problem.
-  result = _run(
-    'experiments.train',
-    f'--workdir={tmp_path}',
-    TINY,
-    '--config.data.num_train_examples=2048',
-    '--config.data.num_eval_examples=512',
-  )
+  result = _train_tiny_briefly(tmp_path)
   assert result.returncode == 1 and 'Traceback' in result.stderr and 'IsADirectoryError' in result.stderr
 
 
@@ -143,27 +145,13 @@ def test_the_coordinator_and_the_launcher_start_without_the_training_stack(modul
   """Each generation of a job waits for its coordinator to serve before its processes start: the config schema, and
   JAX and flax with it, would cost it a second and more per start (and the launcher once a job)."""
   loaded = 'import sys; print(sorted(m for m in ("jax", "flax", "shadowsync_jax.config") if m in sys.modules))'
-  result = subprocess.run(
-    [sys.executable, '-c', f'import {module}; {loaded}'],
-    cwd=REPO_ROOT,
-    env={**os.environ, 'PYTHONPATH': str(REPO_ROOT)},
-    capture_output=True,
-    text=True,
-    timeout=60,
-    check=True,
-  )
-  assert result.stdout.strip() == '[]', result.stdout
+  result = _python('-c', f'import {module}; {loaded}')
+  assert result.returncode == 0 and result.stdout.strip() == '[]', result.stdout + result.stderr
 
 
 def test_train_keeps_its_programs_where_jax_compilation_cache_dir_says(tmp_path):
   """JAX's own setting wins over the workdir's cache (the tests share one cache this way: conftest.py)."""
-  result = _run(
-    'experiments.train',
-    f'--workdir={tmp_path}',
-    TINY,
-    '--config.data.num_train_examples=2048',
-    '--config.data.num_eval_examples=512',
-  )
+  result = _train_tiny_briefly(tmp_path)
   assert result.returncode == 0, result.stderr
   assert not (tmp_path / 'compilation_cache').exists()
   assert any((pathlib.Path(os.environ['JAX_COMPILATION_CACHE_DIR']) / 'process_0').iterdir())
