@@ -27,6 +27,7 @@ from absl import logging
 import jax
 
 from shadowsync_jax import cli
+from shadowsync_jax.parallel import compilation_cache
 
 flags.DEFINE_string(
   'output_dir', None, 'Where the cells, sweep.csv and the figures go (default runs/sweep, runs/sweep_tiny with --tiny).'
@@ -92,9 +93,9 @@ def main(argv):
   max_replicas = max(cell.replicas for cell in cells)
   jax.config.update('jax_num_cpu_devices', max_replicas)
   output_dir = FLAGS.output_dir or ('runs/sweep_tiny' if FLAGS.tiny else 'runs/sweep')
-  cache_dir = FLAGS.compilation_cache_dir
-  if cache_dir is None:  # JAX's own setting (JAX_COMPILATION_CACHE_DIR), else the output directory's.
-    cache_dir = jax.config.jax_compilation_cache_dir or os.path.join(output_dir, '.compilation_cache')
+  cache_dir = compilation_cache.directory_for(
+    FLAGS.compilation_cache_dir, os.path.join(output_dir, '.compilation_cache')
+  )
   if cache_dir:
     jax.config.update('jax_compilation_cache_dir', os.path.abspath(cache_dir))
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)

@@ -74,9 +74,7 @@ def main(argv):
   from shadowsync_jax.parallel import compilation_cache  # pylint: disable=g-import-not-at-top
   from shadowsync_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
 
-  cache_dir = FLAGS.compilation_cache_dir
-  if cache_dir is None:  # JAX's own setting (JAX_COMPILATION_CACHE_DIR), else the workdir's.
-    cache_dir = jax.config.jax_compilation_cache_dir or f'{FLAGS.workdir}/compilation_cache'
+  cache_dir = compilation_cache.directory_for(FLAGS.compilation_cache_dir, f'{FLAGS.workdir}/compilation_cache')
   if cache_dir:
     compilation_cache.enable(cache_dir, FLAGS.process_id)
   if FLAGS.num_processes > 1:

@@ -1,19 +1,28 @@
 """JAX's persistent compilation cache for every process of a job, so that a restarted job does not compile again.
 
   compilation_cache.enable(workdir / 'compilation_cache', process_id)   # before anything compiles
+  compilation_cache.directory_for(FLAGS.compilation_cache_dir, default)  # flag, else $JAX_COMPILATION_CACHE_DIR
 
 Every program a run compiles (the train step, the rounds, the evaluation) is written to
 `DIRECTORY/process_{p}` and read back by the next start of the same process: a job restarted after a failure
 loads its programs instead of compiling them. JAX 0.10 writes cache entries from process 0 only (a program's key
 holds its devices on CPU, so the others would never hit), so the write is replaced by one that any process makes,
 each into a directory of its own (no two writers on one file). `experiments.train` enables it in the workdir by
-default (`--compilation_cache_dir`).
+default (`--compilation_cache_dir`; `$JAX_COMPILATION_CACHE_DIR` where that is set: `directory_for`).
 """
 
 import pathlib
 import warnings
 
 import jax
+
+
+def directory_for(flag_value: str | None, default: str) -> str:
+  """Where a binary keeps its cache: its `--compilation_cache_dir` if given (empty: none), else JAX's own setting
+  (`$JAX_COMPILATION_CACHE_DIR`: the tests share one cache this way), else `default` (its workdir's)."""
+  if flag_value is not None:
+    return flag_value
+  return jax.config.jax_compilation_cache_dir or default
 
 
 def enable(directory: str | pathlib.Path, process_id: int = 0) -> pathlib.Path:
