@@ -21,6 +21,7 @@ from shadowsync_jax.data.batch import NUM_SPARSE_FEATURES
 from shadowsync_jax.data.criteo import files as criteo_files
 from shadowsync_jax.data.prepared import manifest as prepared_manifest
 from shadowsync_jax.model import dlrm
+from shadowsync_jax.model import table_placement
 from shadowsync_jax.recovery import intervals as checkpoint_interval
 from shadowsync_jax.recovery import modes as recovery_modes
 
@@ -39,7 +40,10 @@ SYNC_ALGORITHMS = (
 PARAMETER_SERVER_ALGORITHMS = ('gba', 'async_sgd')  # One server model (the gba package).
 SHADOW_ALGORITHMS = ('shadow_ma', 'shadow_ea', 'shadow_bmuf')  # Rounds in a background thread (sync.shadow).
 SYNCED_PARAMS = ('dense', 'all')
-EMBEDDING_PLACEMENTS = ('replicated', 'shared')
+EMBEDDING_PLACEMENTS = (*table_placement.PLACEMENTS, 'auto')
+# 'auto' shards tables of more bytes than this (one copy of all 26) when there are several replicas.
+AUTO_SHARDED_TABLE_BYTES = 256 << 20
+SHARD_EXCHANGES = table_placement.EXCHANGES
 MLP_OPTIMIZERS = ('sgd', 'adagrad', 'adam')
 EMBEDDING_OPTIMIZERS = ('sgd', 'rowwise_adagrad')
 DATA_SOURCES = ('synthetic', 'criteo', 'prepared')
@@ -145,8 +149,16 @@ def base_config() -> ml_collections.ConfigDict:
   config.sync.block_lr = 1.0  # bmuf: zeta, the block learning rate.
   config.sync.nesterov = False  # bmuf: replicas restart from g + eta D instead of g.
   config.sync.what = 'all'  # What a round syncs: 'all' (MLP weights and embedding tables) or 'dense' (MLP only).
-  config.sync.embedding_placement = 'replicated'  # 'replicated' (a table per replica) or 'shared' (one table per
-  #                                                 process, updated every step by all local replicas' gradients).
+  # Where the tables live (DESIGN §4; model/table_placement.py): 'replicated' (a table per replica), 'shared' (one
+  # table per process, a copy on each of its devices, updated every step by all its replicas' gradients),
+  # 'sharded' (each table's rows spread over every replica's device of the job, each row held once; lookups and
+  # updates are collectives in every step, so the processes step together; rounds sync the dense part alone), or
+  # 'auto': 'sharded' for tables above AUTO_SHARDED_TABLE_BYTES (256 MB) when there are several replicas, else
+  # 'replicated' (the Criteo configs' choice).
+  config.sync.embedding_placement = 'replicated'
+  # sharded: how rows reach the replicas that look them up: 'all_gather' (the ids all-gathered, rows
+  # reduce-scattered back) or 'all_to_all' (ids to their owners and rows back, one all-to-all each way).
+  config.sync.shard_exchange = 'all_gather'
 
   config.straggler = ml_collections.ConfigDict()
   config.straggler.process = -1  # The process made slower (-1 = none): a straggler, to study sync under one.
@@ -212,13 +224,16 @@ def min_interval_from_text(text: str) -> float | str:
 
 
 def resolve(config: ml_collections.ConfigDict, num_processes: int = 1) -> ml_collections.ConfigDict:
-  """`config` with the values the run decides filled in (a copy): `num_replicas=0` becomes one per process, and
-  data lengths of 0 the whole of the data (`data.lengths`: the rows of the Criteo files or prepared splits are
-  counted). Data that cannot be found is left for `validate` to name; lengths the data cannot give raise
-  ConfigError."""
+  """`config` with the values the run decides filled in (a copy): `num_replicas=0` becomes one per process, the
+  placement 'auto' a placement (`auto_placement`), and data lengths of 0 the whole of the data (`data.lengths`:
+  the rows of the Criteo files or prepared splits are counted). Data that cannot be found is left for `validate` to
+  name; lengths the data cannot give raise ConfigError."""
   resolved = ml_collections.ConfigDict(config.to_dict())
   if resolved.get('num_replicas') == 0:
     resolved.num_replicas = num_processes
+  sync = resolved.get('sync')
+  if sync is not None and sync.get('embedding_placement') == 'auto':
+    sync.embedding_placement = auto_placement(resolved)
   data = resolved.get('data')
   if data is not None and 0 in (data.num_train_examples, data.num_eval_examples) and _data_found(data):
     try:
@@ -227,6 +242,16 @@ def resolve(config: ml_collections.ConfigDict, num_processes: int = 1) -> ml_col
       raise ConfigError(str(error)) from error
     data.num_train_examples, data.num_eval_examples = stream.num_train, stream.num_eval
   return resolved
+
+
+def auto_placement(config: ml_collections.ConfigDict) -> str:
+  """What `sync.embedding_placement='auto'` means for `config`: 'sharded' where a copy of the tables per replica
+  would be large, 'replicated' otherwise."""
+  try:
+    table_bytes = int(sum(config.data.cardinalities)) * int(config.model.embedding_dim) * 4
+  except (TypeError, ValueError):
+    return 'replicated'  # Validation names the bad value.
+  return 'sharded' if table_bytes > AUTO_SHARDED_TABLE_BYTES and config.num_replicas > 1 else 'replicated'
 
 
 def _data_found(data: ml_collections.ConfigDict) -> bool:
@@ -410,6 +435,12 @@ def _check_sync(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, 'sync.algorithm', SYNC_ALGORITHMS)
   _check_choice(config, 'sync.what', SYNCED_PARAMS)
   _check_choice(config, 'sync.embedding_placement', EMBEDDING_PLACEMENTS)
+  _check_choice(config, 'sync.shard_exchange', SHARD_EXCHANGES)
+  if sync.embedding_placement == 'sharded' and sync.algorithm in PARAMETER_SERVER_ALGORITHMS:
+    raise ConfigError(
+      f"sync.embedding_placement='sharded' is not implemented for sync.algorithm={sync.algorithm!r} (its server "
+      "model holds the tables whole): use 'replicated'."
+    )
   _check_positive(config, 'sync.every_k_steps', 'sync.block_lr')
   interval = sync.min_interval_s
   is_seconds = isinstance(interval, (int, float)) and not isinstance(interval, bool) and math.isfinite(interval)
@@ -464,6 +495,16 @@ def _check_recovery(config: ml_collections.ConfigDict, num_processes: int) -> No
       raise ConfigError(f'{key}=0: use a negative value for the measured cost or a positive one to emulate one.')
   if recovery.mode == 'none':
     return
+  if config.sync.embedding_placement == 'sharded' and (num_processes == 1 or recovery.mode != 'full'):
+    raise ConfigError(
+      f"recovery.mode={recovery.mode!r} is not implemented with sync.embedding_placement='sharded'"
+      + (
+        ' in one process (emulated failures split the tables into their own shards): use several processes'
+        if num_processes == 1
+        else " (a process restores its own shards only with recovery.mode='full' yet)"
+      )
+      + ", or recovery.mode='none'."
+    )
   if config.sync.algorithm in PARAMETER_SERVER_ALGORITHMS:
     raise ConfigError(
       f'recovery.mode={recovery.mode!r} is not implemented for sync.algorithm='

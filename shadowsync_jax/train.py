@@ -19,14 +19,16 @@ checkpoints them at its own pace, the sync driver couples them, all of them eval
 process 0 writes the metrics and `summary.json`. Every process returns the summary.
 """
 
+import functools
 import pathlib
+import socket
 import time
 from typing import Any
 
 import jax
-from jax.experimental import multihost_utils
+from jax import lax
+from jax.sharding import PartitionSpec as P
 import ml_collections
-import numpy as np
 
 from shadowsync_jax import config as config_lib
 from shadowsync_jax.data import input_pipeline
@@ -38,40 +40,85 @@ from shadowsync_jax.metrics import writer as metric_writer
 from shadowsync_jax.model import dlrm
 from shadowsync_jax.model import optimizers
 from shadowsync_jax.model import step as step_lib
+from shadowsync_jax.model import table_placement
 from shadowsync_jax.parallel import distributed
+from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import network
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.parallel import straggler
 from shadowsync_jax.recovery import policies as recovery_policies
+from shadowsync_jax.sync import consensus
 from shadowsync_jax.sync import drivers as sync_drivers
 
 
-def init_replicated_state(config: ml_collections.ConfigDict, mesh) -> step_lib.TrainState:
-  """A copy of one freshly initialized train state per replica of `mesh` (all replicas of the job start from the
-  same model: every process builds it from the same seed)."""
-  return replicas.replicate(step_lib.init_from_config(config), mesh)
+def init_replicated_state(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes) -> step_lib.TrainState:
+  """This process's part of the job's train state, [L, ...] on `meshes.local`, each device's built where it lives:
+  its replica's copy of the model (every replica of the job starts from the same one: every process builds it from
+  the same seed) and, with sharded tables, its own shard of them (`table_placement`)."""
+  return _state_builder(config, meshes)(jax.random.key(config.seed))
+
+
+def abstract_state(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes) -> step_lib.TrainState:
+  """The shapes and dtypes of `init_replicated_state`, without allocating it."""
+  return jax.eval_shape(_state_builder(config, meshes), jax.random.key(config.seed))
+
+
+def _state_builder(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes):
+  mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
+  cardinalities, placement = list(config.data.cardinalities), config.sync.embedding_placement
+  layout = table_placement.ShardLayout(int(sum(cardinalities)), config.num_replicas)
+  num_local = meshes.local.shape[replicas.REPLICA_AXIS]
+  first_shard = jax.process_index() * num_local
+
+  def one_device(key):
+    rows, global_row = None, lambda local_rows: local_rows
+    if placement == 'sharded':
+      rows = layout.rows_per_shard
+      global_row = functools.partial(layout.global_rows, first_shard + lax.axis_index(replicas.REPLICA_AXIS))
+    state = step_lib.init_train_state(
+      key,
+      dlrm.from_config(config.model),
+      cardinalities,
+      config.model.embedding_dim,
+      mlp_optimizer,
+      embedding_optimizer,
+      table_rows=rows,
+      global_row=global_row,
+    )
+    return replicas.unsqueeze(state)
+
+  spec = P(replicas.REPLICA_AXIS)
+  return jax.jit(jax.shard_map(one_device, mesh=meshes.local, in_specs=P(), out_specs=spec, check_vma=False))
 
 
 def make_train_step(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes):
   """`train_step(state_L, batch_L) -> (state_L, metrics_L)`, jitted over this process's replicas (the batch placed
   on `meshes.local` with `replicas.shard`).
 
-  It stays inside the process (`meshes.local`), with one exception: sync SGD averages gradients across all the
-  job's replicas every step (`meshes.job`). Shared embedding placement applies all the process's replicas' sparse
-  gradients to every copy of the table.
+  It stays inside the process (`meshes.local`), but where every replica of the job takes part in every step: sync
+  SGD averages gradients across the job, and sharded tables are looked up and updated across it (`meshes.job`).
+  Shared embedding placement applies all the process's replicas' sparse gradients to every copy of the table.
   """
   mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
-  grad_axis = replicas.REPLICA_AXIS if config.sync.algorithm == 'sync_sgd' else None
-  shared_axis = replicas.REPLICA_AXIS if config.sync.embedding_placement == 'shared' else None
+  sync_sgd = config.sync.algorithm == 'sync_sgd'
+  placement = table_placement.make(
+    config.sync.embedding_placement,
+    int(sum(config.data.cardinalities)),
+    replicas.REPLICA_AXIS,
+    config.num_replicas,
+    config.sync.shard_exchange,
+    mean_gradients=sync_sgd,
+  )
   step_fn = step_lib.make_train_step(
     dlrm.from_config(config.model),
     list(config.data.cardinalities),
     mlp_optimizer,
     embedding_optimizer,
-    grad_axis_name=grad_axis,
-    shared_embedding_axis_name=shared_axis,
+    grad_axis_name=replicas.REPLICA_AXIS if sync_sgd else None,
+    placement=placement,
   )
-  step_mesh = meshes.job if config.sync.algorithm == 'sync_sgd' else meshes.local
+  job_wide = sync_sgd or config.sync.embedding_placement == 'sharded'
+  step_mesh = meshes.job if job_wide else meshes.local
   replicated_step = replicas.make_replicated_step(step_fn, step_mesh)
   if step_mesh is meshes.local:
     return replicated_step
@@ -81,6 +128,29 @@ def make_train_step(config: ml_collections.ConfigDict, meshes: replicas.ReplicaM
     return replicas.to_local(state_R, meshes), replicas.to_local(metrics_R, meshes)
 
   return across_processes
+
+
+def check_memory(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes) -> int:
+  """This process's train state in bytes; raises ConfigError, before anything is allocated, if the job's processes
+  cannot hold theirs (`memory.shortfall`), naming what to change."""
+  needed = memory.state_bytes(abstract_state(config, meshes))
+  everyone = distributed.exchange('memory', {'host': socket.gethostname(), 'state_bytes': needed})
+  problem = memory.shortfall([p['state_bytes'] for p in everyone], [p['host'] for p in everyone], jax.process_index())
+  if problem is None:
+    return needed
+  placement = config.sync.embedding_placement
+  cardinalities = config.data.cardinalities
+  table_bytes = int(sum(cardinalities)) * config.model.embedding_dim * 4
+  hints = ['lower data.cardinalities (the rows of each table) or model.embedding_dim']
+  if placement != 'sharded' and config.num_replicas > 1:
+    sharded = table_bytes / config.num_replicas * (config.num_replicas // jax.process_count())
+    hints.insert(0, f'set sync.embedding_placement=sharded (each row held once: {memory.gb(sharded)} of tables here)')
+  elif placement == 'sharded':
+    hints.insert(0, 'spread the shards over more processes or hosts')
+  raise config_lib.ConfigError(
+    f'the train state ({memory.gb(table_bytes)} of tables, {placement}, {config.num_replicas // jax.process_count()} '
+    f'replica(s) in this process) {problem}: {"; or ".join(hints)}.'
+  )
 
 
 class _LossWindow:
@@ -119,7 +189,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   stop_step = min(config.train.stop_at_step or total_steps, total_steps)
 
   meshes = replicas.make_meshes(num_replicas)
-  state = init_replicated_state(config, meshes.local)
+  state_bytes = check_memory(config, meshes)
+  state = init_replicated_state(config, meshes)
   driver = sync_drivers.make_driver(config, meshes)
   sync_state = driver.initial_sync_state(state)
   recovery = recovery_policies.make(config, meshes, workdir, total_steps)  # It owns the checkpoints.
@@ -142,7 +213,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   recovery.start(start_step, state, sync_state)
   log_every = config.train.log_every_steps
   if stop_step // log_every > start_step // log_every:  # Some step logs the divergence: compiled before the steps.
-    replicas.replica_divergence.lower(state.params).compile()
+    replicas.replica_divergence.lower(_replicated_part(state.params, config)).compile()
   step, window, batches = start_step, _LossWindow(), batches_from(start_step)
   timed_start, timed_steps, pending_loss = None, 0, None
   try:
@@ -171,7 +242,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
             'train_loss': window.loss_sum / window.steps,
             'examples_per_sec': window.steps * examples_per_step / (now - window.start),
             # This process's replicas only: a job-wide figure would need a collective beside the shadow thread's.
-            'replica_divergence': float(replicas.replica_divergence(state.params)),
+            'replica_divergence': float(replicas.replica_divergence(_replicated_part(state.params, config))),
             **{k: v for k, v in driver.stats().items() if v is not None},
           },
         )
@@ -199,12 +270,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     print(f'Stopped at step {step} of {total_steps}; rerun with the same workdir to resume.')
     return {'stopped_at_step': step}
 
-  consensus = replicas.fetch(driver.consensus(state.params))
-  params_R = _gather_replicas(state.params, meshes) if config.train.eval_per_replica else None
-  eval_metrics = evaluation.evaluate(config, consensus, params_R, eval_source)
+  rule, sync_state = driver.consensus_rule(), driver.sync_state()
+  predict = consensus.make_predict(config, meshes, rule, per_replica=config.train.eval_per_replica)
+  eval_metrics = evaluation.evaluate(
+    config, lambda dense, sparse: predict(state.params, sync_state, dense, sparse), eval_source
+  )
   local_examples_per_sec = timed_steps * num_local * batch_size / timed_seconds if timed_seconds > 0 else 0.0
   examples_per_sec_per_process = [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]
   net_bytes_sent, net_bytes_received = (network.per_process(count) for count in traffic.bytes())
+  fingerprint = consensus.fingerprint(rule, state.params, sync_state, meshes)
+  divergence = _job_replica_divergence(_replicated_part(state.params, config), meshes)
   summary = {
     'eval_ne': eval_metrics['ne'],
     'eval_auc': eval_metrics['auc'],
@@ -223,8 +298,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     'num_processes': num_processes,
     'sync_algorithm': config.sync.algorithm,
     **driver.stats(),  # sync_rounds, mean_sync_gap, max_sync_gap, mean_round_latency_s (of process 0)
-    'replica_divergence': float(replicas.fetch(_job_replica_divergence(state.params, meshes))),
-    'consensus_fingerprint_per_process': replicas.fingerprints_per_process(consensus),
+    'replica_divergence': divergence,
+    'consensus_fingerprint_per_process': [f'{int(x):08x}' for x in replicas.gather_from_processes(fingerprint)],
+    **memory.summary(state_bytes),  # state_bytes, peak_rss_bytes: per process, by the end of the evaluation
     'straggler_sleep_s': delay.slept_s,
     **recovery.summary(),  # recovery_overhead_pct, num_failures, estimated_pls, actual_pls, ...
     'wall_time_s': time.perf_counter() - wall_start,
@@ -237,13 +313,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   return summary
 
 
-def _job_replica_divergence(params_L: Any, meshes: replicas.ReplicaMeshes) -> jax.Array:
-  return replicas.whole_on_job(replicas.replica_divergence, meshes)(replicas.to_job(params_L, meshes))
+def _replicated_part(params_L: Any, config: ml_collections.ConfigDict) -> Any:
+  """The params the replicas hold each a copy of: a sharded table is one table, not R copies."""
+  return {'mlp': params_L['mlp']} if config.sync.embedding_placement == 'sharded' else params_L
 
 
-def _gather_replicas(params_L: Any, meshes: replicas.ReplicaMeshes) -> Any:
-  """Every replica of the job, [R, ...] host arrays, on every process."""
-  replicas.check_collective_thread('gathering the replicas')
-  if jax.process_count() == 1:
-    return jax.tree.map(np.asarray, params_L)
-  return multihost_utils.process_allgather(replicas.to_job(params_L, meshes))
+def _job_replica_divergence(params_L: Any, meshes: replicas.ReplicaMeshes) -> float:
+  divergence = replicas.whole_on_job(replicas.replica_divergence, meshes)(replicas.to_job(params_L, meshes))
+  return float(replicas.fetch(divergence))

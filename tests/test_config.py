@@ -60,7 +60,10 @@ def test_default_and_tiny_configs_are_valid_and_have_the_contract_keys(variant):
     ({'sync__algorithm': 'gossip'}, 'sync.algorithm'),
     ({'sync__algorithm': 'gba', 'gba__staleness_decay': 2.0}, 'gba.staleness_decay'),
     ({'sync__what': 'some'}, 'sync.what'),
-    ({'sync__embedding_placement': 'sharded'}, 'sync.embedding_placement'),
+    ({'sync__embedding_placement': 'everywhere'}, 'sync.embedding_placement'),
+    ({'sync__embedding_placement': 'sharded', 'sync__algorithm': 'gba'}, 'sync.embedding_placement'),
+    ({'sync__embedding_placement': 'sharded', 'recovery__mode': 'partial'}, 'recovery.mode'),
+    ({'sync__embedding_placement': 'sharded', 'sync__shard_exchange': 'broadcast'}, 'sync.shard_exchange'),
     ({'num_replicas': 8, 'sync__algorithm': 'fr_ea', 'sync__elastic_alpha': 0.2}, 'sync.elastic_alpha'),
     ({'data__source': 'parquet'}, 'data.source'),
     ({'data__source': 'criteo'}, 'data.train_path'),
@@ -87,6 +90,20 @@ def test_default_and_tiny_configs_are_valid_and_have_the_contract_keys(variant):
 def test_invalid_value_names_the_key(overrides, key):
   with pytest.raises(config_lib.ConfigError, match=key.replace('.', r'\.')):
     config_lib.validate(_config(**overrides), num_devices=8)
+
+
+def test_auto_placement_shards_large_tables_of_several_replicas():
+  """The Criteo configs' choice: Kaggle's 2.2 GB of tables whole on one replica, sharded over several; tables of a
+  few MB replicated however many replicas there are."""
+  kaggle = importlib.import_module('experiments.configs.criteo_kaggle').get_config()
+  kaggle.data.source, kaggle.data.num_train_examples, kaggle.data.num_eval_examples = 'synthetic', 1 << 20, 1024
+  assert kaggle.sync.embedding_placement == 'auto'
+  assert config_lib.resolve(kaggle, num_processes=1).sync.embedding_placement == 'replicated'
+  kaggle.num_replicas = 8
+  assert config_lib.resolve(kaggle).sync.embedding_placement == 'sharded'
+  config_lib.validate(kaggle, num_devices=8)
+  small = _config(num_replicas=8, sync__embedding_placement='auto')
+  assert config_lib.resolve(small).sync.embedding_placement == 'replicated'
 
 
 def test_min_interval_s_is_auto_by_default_or_seconds():
@@ -126,6 +143,9 @@ def test_criteo_configs_read_prepared_data_by_name_and_have_every_key(name):
     assert (config.data.num_train_examples, config.data.num_eval_examples) == (0, 0)  # The whole days.
   terabyte = importlib.import_module('experiments.configs.criteo_terabyte').get_config()
   assert max(terabyte.data.cardinalities) == 40_000_000 and terabyte.model.interaction == 'dcn'
+  narrow = importlib.import_module('experiments.configs.criteo_terabyte').get_config('dim16')
+  assert narrow.data.cardinalities == terabyte.data.cardinalities and narrow.model.embedding_dim == 16
+  assert narrow.data.prepared_dir == terabyte.data.prepared_dir and narrow.model.bottom_mlp[-1] == 16
 
 
 def test_a_gzip_file_is_refused_for_reading_at_random(tmp_path):

@@ -8,6 +8,13 @@ top 367-512-256-1, SGD at 0.1, batch 128. Prepare once, then train from the prep
   python -m experiments.prepare_criteo --config=experiments/configs/criteo_kaggle.py --inputs=train.txt --days=7
   python -m experiments.train --config=experiments/configs/criteo_kaggle.py --workdir=/tmp/kaggle
 
+The tables hold 33.8M rows, 2.2 GB at width 16: one replica holds them whole (about 3 GB of memory in all); several
+replicas hold them sharded (`sync.embedding_placement='auto'`: each row once in the job, DESIGN §4), e.g. 8 replicas
+as 2 processes x 4 devices:
+
+  python -m experiments.launch --num_processes=2 --cpu_devices=4 -- --workdir=/tmp/kaggle8 \
+      --config=experiments/configs/criteo_kaggle.py --config.num_replicas=8 --config.sync.algorithm=shadow_ma
+
 The prepared dataset goes to `data.prepared_dir`, ~/tensorflow_datasets/criteo_click_blocks/kaggle by default
 (`tfds.data_source('criteo_click_blocks/kaggle', split='train')` reads it); override it on both commands with
 --config.data.prepared_dir=DATA_DIR/criteo_click_blocks/NAME. Seven day files work as well (--inputs='day_*.gz').
@@ -76,6 +83,7 @@ def get_config(variant: str = ''):
   config.model.top_mlp = (512, 256, 1)
   config.optimizer.mlp = config.optimizer.embedding = 'sgd'
   config.optimizer.mlp_learning_rate = config.optimizer.embedding_learning_rate = 0.1
+  config.sync.embedding_placement = 'auto'  # One replica: its tables (2.2 GB); several: the tables sharded over them.
   config.train.log_every_steps = 1000
   config.train.checkpoint_every_steps = 10_000
   config.train.progress_every_s = 30.0

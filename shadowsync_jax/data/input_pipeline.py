@@ -43,17 +43,24 @@ class Source(Protocol):
 
 
 class StreamSlice:
-  """Examples [offset, offset + length) of `source`, renumbered from 0 (the training stream, the held-out set)."""
+  """Examples [offset, offset + length) of `source`, renumbered from 0 (the training stream, the held-out set).
 
-  def __init__(self, source: Source, offset: int, length: int):
+  With `cardinalities`, every read checks its ids against the tables' rows: an id past its table would read
+  (and train) some other row, or memory past the table (`check_ids`)."""
+
+  def __init__(self, source: Source, offset: int, length: int, cardinalities: tuple[int, ...] | None = None):
     self.source, self.offset, self.length = source, offset, length
+    self._rows_T = None if cardinalities is None else np.asarray(cardinalities, np.int64)
 
   def __len__(self) -> int:
     return self.length
 
   def read(self, start: int, count: int) -> Batch:
     self._check_range(start, count)
-    return self.source.read(self.offset + start, count)
+    batch = self.source.read(self.offset + start, count)
+    if self._rows_T is not None:
+      check_ids(batch.sparse, self._rows_T, self.offset + start)
+    return batch
 
   def true_probability(self, start: int, count: int) -> np.ndarray | None:
     """The true click probabilities where the source knows them (synthetic data, generated files), else None."""
@@ -65,6 +72,19 @@ class StreamSlice:
   def _check_range(self, start: int, count: int) -> None:
     if start < 0 or count < 0 or start + count > self.length:
       raise ValueError(f'cannot read examples [{start}, {start + count}) of a stream of {self.length}.')
+
+
+def check_ids(sparse_NxT: np.ndarray, rows_T: np.ndarray, first_example: int) -> None:
+  """Raises ValueError naming the first id outside [0, rows of its table) and where it is."""
+  bad_NxT = (sparse_NxT < 0) | (sparse_NxT >= rows_T)
+  if not bad_NxT.any():
+    return
+  example, table = np.argwhere(bad_NxT)[0]
+  raise ValueError(
+    f'example {first_example + example} of the data has id {sparse_NxT[example, table]} in table {table} '
+    f'(C{table + 1}), which has {rows_T[table]} rows (data.cardinalities[{table}]): the data and '
+    'data.cardinalities disagree (data prepared or generated with other cardinalities?).'
+  )
 
 
 def num_steps(num_train_examples: int, num_replicas: int, batch_size: int) -> int:
@@ -153,13 +173,13 @@ def make_sources(data_config: ml_collections.ConfigDict, seed: int) -> tuple[Str
     )
     stream = synthetic.SyntheticSource(spec)
     num_train, num_eval, _ = lengths.resolve(data_config)
-    return StreamSlice(stream, 0, num_train), StreamSlice(stream, num_train, num_eval)
+    return StreamSlice(stream, 0, num_train, cardinalities), StreamSlice(stream, num_train, num_eval, cardinalities)
   if data_config.source == 'criteo':
     train = criteo_source.CriteoSource(criteo_files.split_paths(data_config.train_path), cardinalities)
     eval_paths = criteo_files.split_paths(data_config.eval_path)
     held_out = criteo_source.CriteoSource(eval_paths, cardinalities) if eval_paths else None
     names = (f'data.train_path={data_config.train_path!r}', f'data.eval_path={data_config.eval_path!r}')
-    return _slices(train, train.file_rows, held_out, num_train, num_eval, names)
+    return _slices(train, train.file_rows, held_out, num_train, num_eval, names, cardinalities)
   if data_config.source == 'prepared':
     version_dir = prepared_manifest.find(data_config.prepared_dir)
     train = prepared_source.PreparedSource(version_dir, data_config.train_split)
@@ -168,16 +188,17 @@ def make_sources(data_config: ml_collections.ConfigDict, seed: int) -> tuple[Str
     held_out = prepared_source.PreparedSource(version_dir, eval_split) if eval_split else None
     names = (f'data.train_split={data_config.train_split!r} of {version_dir}', f'data.eval_split={eval_split!r}')
     train_rows = prepared_manifest.input_rows(train.manifest, data_config.train_split)
-    return _slices(train, train_rows, held_out, num_train, num_eval, names)
+    return _slices(train, train_rows, held_out, num_train, num_eval, names, cardinalities)
   raise ValueError(f"data.source={data_config.source!r} must be 'synthetic', 'criteo' or 'prepared'.")
 
 
-def _slices(train: Source, train_rows, held_out: Source | None, num_train: int, num_eval: int, names):
+def _slices(train: Source, train_rows, held_out: Source | None, num_train: int, num_eval: int, names, cardinalities):
   """The training stream and the held-out set over a file-backed source (`lengths.split_lengths`)."""
   stream = lengths.split_lengths(train_rows, None if held_out is None else len(held_out), num_train, num_eval, *names)
+  train_slice = StreamSlice(train, 0, stream.num_train, cardinalities)
   if held_out is None:
-    return StreamSlice(train, 0, stream.num_train), StreamSlice(train, stream.eval_offset, stream.num_eval)
-  return StreamSlice(train, 0, stream.num_train), StreamSlice(held_out, 0, stream.num_eval)
+    return train_slice, StreamSlice(train, stream.eval_offset, stream.num_eval, cardinalities)
+  return train_slice, StreamSlice(held_out, 0, stream.num_eval, cardinalities)
 
 
 def eval_batch(eval_source: Source, num_eval_examples: int) -> Batch:

@@ -194,7 +194,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     print(f'Stopped at step {stop_step} of {total_steps}; rerun with the same workdir to resume.')
     return {'stopped_at_step': stop_step}
 
-  eval_metrics = evaluation.evaluate(config, jax.tree.map(np.asarray, server.state.params), None, eval_source)
+  eval_metrics = evaluation.evaluate(config, evaluation.one_model(config, server.state.params), eval_source)
   trained_examples = (total_steps - start_step) * examples_per_step
   sync_time_s = times.sync_time_s(start_step, total_steps)
   examples_per_sec = clock.examples_per_sec(batch_size)

@@ -377,7 +377,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     return {'stopped_at_step': stop_step}
 
   params = jax.tree.map(np.asarray, server.state.params)
-  eval_metrics = evaluation.evaluate(config, params, None, eval_source)
+  eval_metrics = evaluation.evaluate(config, evaluation.one_model(config, params), eval_source)
   local_examples_per_sec = busy_steps * num_local * batch_size / busy_s if busy_s > 0 else 0.0
   examples_per_sec_per_process = [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]
   net_bytes_sent, net_bytes_received = (network.per_process(count) for count in traffic.bytes())

@@ -22,6 +22,7 @@ from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.gba import aggregation
 from shadowsync_jax.model import optimizers
 from shadowsync_jax.model import step as step_lib
+from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
 
@@ -183,6 +184,7 @@ def server_summary(
     'replica_divergence': 0.0,
     'straggler_sleep_s': 0.0,
     'recovery_mode': 'none',
+    **memory.summary(memory.state_bytes(server.state)),  # state_bytes, peak_rss_bytes: per process
     **server.stats(),
     'lost_tokens': lost_tokens,
   }

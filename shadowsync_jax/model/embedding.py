@@ -1,7 +1,7 @@
 """Embedding tables as one concatenated array, looked up and updated sparsely.
 
   offsets_T = table_offsets(cardinalities)
-  table_VxD = init_table(key, cardinalities, embedding_dim)
+  table_VxD = init_table(key, cardinalities, embedding_dim)   # built in place, a chunk of rows at a time
   row_ids_BxT = global_row_ids(batch.sparse, offsets_T)
   emb_BxTxD = lookup(table_VxD, row_ids_BxT)
   ...  # gradient of the loss w.r.t. emb_BxTxD, not w.r.t. the table
@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
@@ -43,11 +44,58 @@ def table_offsets(cardinalities: Sequence[int]) -> np.ndarray:
   return offsets.astype(np.int32)
 
 
-def init_table(key: jax.Array, cardinalities: Sequence[int], embedding_dim: int) -> jax.Array:
-  """DLRM's initialization: table t uniform in +-1/sqrt(cardinalities[t]); float32 [sum(cardinalities), D]."""
-  bound_V = np.repeat(1.0 / np.sqrt(np.asarray(cardinalities, np.float32)), cardinalities)
-  unit_VxD = jax.random.uniform(key, (bound_V.shape[0], embedding_dim), jnp.float32, -1.0, 1.0)
-  return unit_VxD * jnp.asarray(bound_V)[:, None]
+_INIT_CHUNK_ROWS = 1 << 16  # Rows initialized at once: the only temporary of `init_table`, a few MB.
+
+
+def _mix32(x_u32: jax.Array) -> jax.Array:
+  """MurmurHash3's 32-bit finalizer: a bijection of uint32 that scrambles every bit."""
+  x_u32 = x_u32 ^ (x_u32 >> 16)
+  x_u32 = x_u32 * jnp.uint32(0x85EBCA6B)
+  x_u32 = x_u32 ^ (x_u32 >> 13)
+  x_u32 = x_u32 * jnp.uint32(0xC2B2AE35)
+  return x_u32 ^ (x_u32 >> 16)
+
+
+def init_rows(seed_u32: jax.Array, cardinalities: Sequence[int], embedding_dim: int, rows_C: jax.Array) -> jax.Array:
+  """DLRM's initialization of the concatenated table's rows `rows_C`: table t uniform in +-1/sqrt(cardinalities[t]).
+
+  Each value is a counter hash of (seed, row, column), so any set of rows (a chunk, a shard) gets exactly the
+  values the whole table has; rows >= V (a shard's padding) get zeros. float32 [C, D].
+  """
+  sizes_T = np.asarray(cardinalities, np.int64)
+  bound_T = jnp.asarray(1.0 / np.sqrt(sizes_T.astype(np.float32)))
+  row_hash_C = _mix32(rows_C.astype(jnp.uint32) ^ seed_u32)
+  column_D = _mix32(jnp.arange(embedding_dim, dtype=jnp.uint32) * jnp.uint32(0x9E3779B9) + seed_u32)
+  bits_CxD = _mix32(row_hash_C[:, None] ^ column_D[None, :])
+  unit_CxD = (bits_CxD >> 8).astype(jnp.float32) * (2.0 / 2**24) - 1.0  # Uniform in [-1, 1), 24 bits.
+  table_C = jnp.searchsorted(jnp.asarray(table_offsets(cardinalities)), rows_C, side='right') - 1
+  bound_C = jnp.where(rows_C < sizes_T.sum(), bound_T[table_C], 0.0)
+  return unit_CxD * bound_C[:, None]
+
+
+def init_table(
+  key: jax.Array,
+  cardinalities: Sequence[int],
+  embedding_dim: int,
+  num_rows: int | None = None,
+  global_row: Callable[[jax.Array], jax.Array] = lambda rows: rows,
+) -> jax.Array:
+  """DLRM's initialization (`init_rows`) of a [num_rows, D] table whose local row r holds the concatenated table's
+  row `global_row(r)` (default: all V rows, in order; a shard of a sharded table passes its own map).
+
+  Built in place, `_INIT_CHUNK_ROWS` rows at a time: no table-sized temporary (jit it, or call it inside jit).
+  """
+  num_rows = int(np.sum(cardinalities)) if num_rows is None else num_rows
+  seed_u32 = jax.random.bits(key, (), jnp.uint32)
+  chunk = min(_INIT_CHUNK_ROWS, num_rows)
+
+  def fill_chunk(i, table_VxD):
+    start = jnp.minimum(i * chunk, num_rows - chunk)  # The last chunk ends at the last row (rewriting a few).
+    rows_C = global_row(start + jnp.arange(chunk, dtype=jnp.int32))
+    return lax.dynamic_update_slice(table_VxD, init_rows(seed_u32, cardinalities, embedding_dim, rows_C), (start, 0))
+
+  table_VxD = jnp.zeros((num_rows, embedding_dim), jnp.float32)
+  return lax.fori_loop(0, -(-num_rows // chunk), fill_chunk, table_VxD)
 
 
 def global_row_ids(sparse_BxT: jax.Array, offsets_T: np.ndarray) -> jax.Array:

@@ -9,7 +9,9 @@
 
 A step touches one replica. For classic synchronous SGD pass `grad_axis_name` and call the step inside
 `jax.shard_map` over that mesh axis: MLP gradients are averaged and every replica applies the sparse updates of
-all replicas, so replicas stay identical and equal one model trained on the concatenated global batch.
+all replicas, so replicas stay identical and equal one model trained on the concatenated global batch. Where the
+embedding rows are (a table per replica, one shared, or one sharded across the devices) is a `table_placement`:
+the step looks its rows up through it and hands it the rows' gradients.
 
 The step is `make_gradient_fn` (loss, MLP gradients, touched rows and their gradients) followed by `make_apply_fn`
 (the optimizers); a parameter server that aggregates gradients itself (`gba.server`) uses the two apart.
@@ -28,6 +30,7 @@ from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.model import dlrm
 from shadowsync_jax.model import embedding
 from shadowsync_jax.model import optimizers
+from shadowsync_jax.model import table_placement
 from shadowsync_jax.model.dlrm import DLRM
 
 
@@ -45,8 +48,16 @@ def init_train_state(
   embedding_dim: int,
   mlp_optimizer: optax.GradientTransformation,
   embedding_optimizer: embedding.SparseOptimizer,
+  table_rows: int | None = None,
+  global_row: Callable[[jax.Array], jax.Array] = lambda rows: rows,
 ) -> TrainState:
-  """The state of ONE replica; stack R of them (same or different keys) for R replicas."""
+  """The state of ONE replica, jitted: the MLP from `key`, the table built in place (`embedding.init_table`).
+
+  `table_rows` and `global_row` make it one device's shard of a sharded table: `table_rows` local rows, local row r
+  holding the concatenated table's row `global_row(r)` (default: the whole table). Every replica, and every shard,
+  built from the same key holds the same values for the same rows. Called inside a jitted `shard_map`, it builds
+  every device's state where it lives (`train.init_replicated_state`).
+  """
 
   @jax.jit  # one compiled program instead of op-by-op dispatch of the whole init
   def init(key):
@@ -54,7 +65,7 @@ def init_train_state(
     dense_1xF = jnp.zeros((1, NUM_DENSE_FEATURES), jnp.float32)
     emb_1xTxD = jnp.zeros((1, len(cardinalities), embedding_dim), jnp.float32)
     mlp_params = model.init(mlp_key, dense_1xF, emb_1xTxD)['params']
-    table_VxD = embedding.init_table(table_key, cardinalities, embedding_dim)
+    table_VxD = embedding.init_table(table_key, cardinalities, embedding_dim, table_rows, global_row)
     return TrainState(
       params={'mlp': mlp_params, 'embedding': table_VxD},
       mlp_opt_state=mlp_optimizer.init(mlp_params),
@@ -80,27 +91,30 @@ def init_from_config(config) -> TrainState:
 
 
 def make_gradient_fn(
-  model: DLRM, cardinalities: Sequence[int]
-) -> Callable[[dict[str, Any], Batch], tuple[jax.Array, Any, jax.Array, jax.Array]]:
-  """gradients(params, batch) -> (loss, mlp_grads, row_ids_N, row_grads_NxD) of ONE replica's batch; pure.
+  model: DLRM, cardinalities: Sequence[int], placement: table_placement.TablePlacement | None = None
+) -> Callable[[dict[str, Any], Batch], tuple[jax.Array, Any, Any, jax.Array]]:
+  """gradients(params, batch) -> (loss, mlp_grads, routing, row_grads_NxD) of ONE replica's batch; pure.
 
-  The embedding gradient comes as the touched rows (`row_ids_N`, N = B T, repeats allowed) and their gradients,
-  never as a table-sized array: what a sparse optimizer (or a parameter server, `gba.server`) consumes.
+  The embedding gradient comes as the gradients of the N = B T rows the batch looked up (repeats allowed), never as
+  a table-sized array: what a sparse optimizer (or a parameter server, `gba.server`) consumes. `routing` is how
+  `placement` found them (for the default, a table of the replica's own, the rows' ids `row_ids_N`);
+  `placement.updates(routing, row_grads_NxD)` says which of them this device's table applies.
   """
   offsets_T = embedding.table_offsets(cardinalities)
+  placement = table_placement.Replicated() if placement is None else placement
 
   def loss_fn(mlp_params, emb_BxTxD, dense_BxF, label_B):
     logits_B = model.apply({'params': mlp_params}, dense_BxF, emb_BxTxD)
     return optax.sigmoid_binary_cross_entropy(logits_B, label_B).mean()
 
   def gradients(params, batch: Batch):
-    row_ids_BxT = embedding.global_row_ids(batch.sparse, offsets_T)
-    emb_BxTxD = embedding.lookup(params['embedding'], row_ids_BxT)
+    row_ids_N = embedding.global_row_ids(batch.sparse, offsets_T).reshape(-1)
+    rows_NxD, routing = placement.lookup(params['embedding'], row_ids_N)
+    emb_BxTxD = rows_NxD.reshape(*batch.sparse.shape, -1)
     loss, (mlp_grads, emb_grads_BxTxD) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
       params['mlp'], emb_BxTxD, batch.dense, batch.label
     )
-    row_ids_N = row_ids_BxT.reshape(-1)
-    return loss, mlp_grads, row_ids_N, emb_grads_BxTxD.reshape(row_ids_N.shape[0], -1)
+    return loss, mlp_grads, routing, emb_grads_BxTxD.reshape(row_ids_N.shape[0], -1)
 
   return gradients
 
@@ -135,28 +149,31 @@ def make_train_step(
   mlp_optimizer: optax.GradientTransformation,
   embedding_optimizer: embedding.SparseOptimizer,
   grad_axis_name: str | None = None,
-  shared_embedding_axis_name: str | None = None,
+  placement: table_placement.TablePlacement | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
   """train_step(state, batch) -> (state, {'loss': mean log loss of this replica's batch}); pure, not jitted.
 
-  `shared_embedding_axis_name` (embedding placement `shared`, DESIGN §4): the replicas along that axis hold one
-  logical table, and every step each applies the sparse gradients of all of them (summed, as trainers pushing to
-  an embedding parameter server), so the copies stay identical; the MLPs stay per replica.
+  `grad_axis_name` (sync SGD): the MLP gradients are averaged over that axis. `placement` (default: each replica
+  its own table, or with `grad_axis_name` a copy per replica updated by every replica's mean gradient) says where
+  the rows are looked up and which updates this device's table applies (`table_placement`: `shared` sums every
+  replica's sparse gradients into every copy, as trainers pushing to an embedding parameter server; `sharded`
+  looks rows up from their owners and applies the updates of the rows this device owns).
   """
-  gradients = make_gradient_fn(model, cardinalities)
+  if placement is None:
+    placement = (
+      table_placement.AllReplicas(grad_axis_name, mean=True)
+      if grad_axis_name is not None
+      else table_placement.Replicated()
+    )
+  gradients = make_gradient_fn(model, cardinalities, placement)
   apply = make_apply_fn(mlp_optimizer, embedding_optimizer)
 
   def train_step(state: TrainState, batch: Batch):
-    loss, mlp_grads, row_ids_N, row_grads_NxD = gradients(state.params, batch)
+    loss, mlp_grads, routing, row_grads_NxD = gradients(state.params, batch)
     if grad_axis_name is not None:
       mlp_grads = lax.pmean(mlp_grads, grad_axis_name)
-      num_replicas = lax.axis_size(grad_axis_name)
-      row_ids_N = lax.all_gather(row_ids_N, grad_axis_name, tiled=True)
-      row_grads_NxD = lax.all_gather(row_grads_NxD / num_replicas, grad_axis_name, tiled=True)
-    elif shared_embedding_axis_name is not None:  # Every replica's sparse update lands in the one shared table.
-      row_ids_N = lax.all_gather(row_ids_N, shared_embedding_axis_name, tiled=True)
-      row_grads_NxD = lax.all_gather(row_grads_NxD, shared_embedding_axis_name, tiled=True)
-    return apply(state, mlp_grads, row_ids_N, row_grads_NxD), {'loss': loss}
+    row_ids_M, row_grads_MxD = placement.updates(routing, row_grads_NxD)
+    return apply(state, mlp_grads, row_ids_M, row_grads_MxD), {'loss': loss}
 
   return train_step
 

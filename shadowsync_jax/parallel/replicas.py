@@ -243,11 +243,30 @@ def unsqueeze(tree: PyTree) -> PyTree:
   return jax.tree.map(lambda x: x[None], tree)
 
 
+_DIVERGENCE_CHUNK_ELEMENTS = 1 << 22  # Of one replica: a table is measured this many elements at a time.
+
+
 @jax.jit
 def replica_divergence(params_R: PyTree) -> jax.Array:
-  """Mean over replicas of the L2 distance of each replica's params to the replica mean (DESIGN §6)."""
-  squared_R = sum(
-    jnp.sum(jnp.square(x - jnp.mean(x, axis=0, keepdims=True)).reshape(x.shape[0], -1), axis=1)
-    for x in jax.tree.leaves(params_R)
-  )
+  """Mean over replicas of the L2 distance of each replica's params to the replica mean (DESIGN §6). A large leaf
+  (a table) is measured a chunk of rows at a time, so no table-sized temporary exists."""
+  squared_R = sum(_squared_distance_to_mean(x) for x in jax.tree.leaves(params_R))
   return jnp.mean(jnp.sqrt(squared_R))
+
+
+def _squared_distance_to_mean(x_R: jax.Array) -> jax.Array:
+  if x_R.shape[0] == 1:
+    return jnp.zeros((1,), jnp.float32)
+  if x_R.ndim < 2 or x_R[0].size <= _DIVERGENCE_CHUNK_ELEMENTS:
+    return jnp.sum(jnp.square(x_R - jnp.mean(x_R, axis=0, keepdims=True)).reshape(x_R.shape[0], -1), axis=1)
+  rows = x_R.shape[1]
+  chunk = max(1, _DIVERGENCE_CHUNK_ELEMENTS // (x_R[0].size // rows))
+
+  def add_chunk(i, squared_R):
+    start = jnp.minimum(i * chunk, rows - chunk)  # The last chunk ends at the last row; rows seen before: masked.
+    part = jax.lax.dynamic_slice_in_dim(x_R, start, chunk, axis=1)
+    fresh = (start + jnp.arange(chunk) >= i * chunk).reshape(1, chunk, *([1] * (x_R.ndim - 2)))
+    deviation = jnp.where(fresh, part - jnp.mean(part, axis=0, keepdims=True), 0.0)
+    return squared_R + jnp.sum(jnp.square(deviation).reshape(x_R.shape[0], -1), axis=1)
+
+  return jax.lax.fori_loop(0, -(-rows // chunk), add_chunk, jnp.zeros((x_R.shape[0],), jnp.float32))

@@ -15,6 +15,14 @@ Every process checkpoints its own part (its replicas, `meshes.local`) into its o
 with no barrier and no collective (DESIGN §7: checkpoints must not tie every process to the slowest one). Which
 step each process restores after a restart is `restart_plan`'s decision; this module only saves and reads.
 
+Memory (DESIGN §4: no second copy of the tables). An async save reads the arrays while the training goes on; on a
+CPU it reads the device buffers themselves, which the next step then cannot update in place (it copies the whole
+state instead), and elsewhere it copies them to the host first. So a state above `ASYNC_SAVE_MAX_BYTES` is saved
+blocking: the loop waits while its buffers are written, straight from where they are. Restores read at most
+`RESTORE_CONCURRENT_GB` at a time, and a caller that restores over a state it holds releases that state first
+(`release`): a restored state never meets a second one. Arrays are written uncompressed (trained floats do not
+compress; zstd only costs the writer's cores).
+
 A checkpoint holds two items: `state` (any pytree of this process's [L, ...] arrays, restored with the shardings
 of the abstract tree) and `data` (JSON: `step`, the stream position the next batch starts at, and whatever the
 caller adds). Orbax writes each checkpoint into a temporary directory and renames it when complete, so a process
@@ -32,6 +40,7 @@ from collections.abc import Callable
 import logging
 import pathlib
 import shutil
+import time
 from typing import Any
 
 from absl import logging as absl_logging
@@ -40,11 +49,14 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import type_handlers
 from orbax.checkpoint._src.futures import signaling_client
 
+from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
 
 PyTree = Any
 
 SKIPPED = ocp.PLACEHOLDER  # A leaf `restore_partial` does not read (in its argument and in what it returns).
+ASYNC_SAVE_MAX_BYTES = 256 << 20  # A larger state (this process's part) is saved blocking, without a copy.
+RESTORE_CONCURRENT_GB = 1  # Bytes read at once by a restore, beyond which reads wait (orbax's limiter).
 
 # Orbax's save futures look for signals in the coordinator's key-value store; a process's own saves need none, and
 # the store may be gone with a dead coordinator while a survivor saves its live state: keep them in the process.
@@ -94,13 +106,20 @@ class Checkpointer:
       },
     )
     self._leaf_reader: ocp.Checkpointer | None = None  # For restore_partial, made on first use.
+    self._timings: dict[str, list[float]] = {'save_blocking_s': [], 'restore_s': []}
+    self._last_blocked = False
 
   def _state_handler(self) -> ocp.PyTreeCheckpointHandler:
     registry = type_handlers.create_type_handler_registry(
       (jax.Array, type_handlers.ArrayHandler(primary_host=None, replica_id=None, use_replica_parallel=False))
     )
     return ocp.PyTreeCheckpointHandler(
-      use_ocdbt=True, use_zarr3=True, multiprocessing_options=self._alone, type_handler_registry=registry
+      use_ocdbt=True,
+      use_zarr3=True,
+      use_compression=False,
+      restore_concurrent_gb=RESTORE_CONCURRENT_GB,
+      multiprocessing_options=self._alone,
+      type_handler_registry=registry,
     )
 
   def latest_step(self) -> int | None:
@@ -114,6 +133,7 @@ class Checkpointer:
     """The checkpoint at `step` as (state, data), arrays placed like `abstract_state` (this process's [L, ...])."""
     self._manager.wait_until_finished()
     abstract_job = _job_abstract(abstract_state, self._meshes)
+    started = time.perf_counter()
     try:
       restored = self._manager.restore(
         step,
@@ -128,7 +148,9 @@ class Checkpointer:
         'algorithm, replica or process count, or an older version of the code). Use a new workdir, or delete '
         f'that checkpoint directory to start over. Orbax said: {error}'
       ) from error
-    return replicas.to_local(restored.state, self._meshes), dict(restored.data)
+    state = jax.block_until_ready(replicas.to_local(restored.state, self._meshes))
+    self._timings['restore_s'].append(time.perf_counter() - started)
+    return state, dict(restored.data)
 
   def restore_latest(self, abstract_state: PyTree) -> tuple[PyTree, dict[str, Any]] | None:
     """The newest complete checkpoint as (state, data); None if there is none."""
@@ -169,16 +191,42 @@ class Checkpointer:
     return [step for step in range(start_step + 1, stop_step) if self.due(step)] + [stop_step]
 
   def save(self, step: int, state: PyTree, **data: Any) -> bool:
-    """Starts an async save of this process's `state` as the position `step` (with `data` beside it in the JSON
-    item), unless that step is saved already; True if started."""
+    """Saves this process's `state` as the position `step` (with `data` beside it in the JSON item), unless that
+    step is saved already; True if started. Async (returns at once) up to `ASYNC_SAVE_MAX_BYTES`, blocking beyond
+    (module docstring)."""
     if step in self._manager.all_steps():
       return False
     job_state = replicas.to_job(state, self._meshes)
-    return self._manager.save(
+    started_s = time.perf_counter()
+    started = self._manager.save(
       step,
       args=ocp.args.Composite(state=ocp.args.PyTreeSave(job_state), data=ocp.args.JsonSave({'step': step, **data})),
       force=True,
     )
+    self._last_blocked = self.blocks(state)
+    if started and self._last_blocked:
+      self._manager.wait_until_finished()
+    if started:
+      self._timings['save_blocking_s'].append(time.perf_counter() - started_s)
+    return started
+
+  def stats(self) -> dict[str, Any]:
+    """What this process's saves and full restores cost: their count, the mean seconds a save held the caller (the
+    whole write for a blocking save; the start of an async one) and a restore took; None where there was none."""
+    mean = lambda xs: sum(xs) / len(xs) if xs else None
+    saves, restores = self._timings['save_blocking_s'], self._timings['restore_s']
+    return {
+      'saves': len(saves),
+      'save_blocking_s': mean(saves),
+      'saves_block': bool(saves) and self._last_blocked,
+      'restores': len(restores),
+      'restore_s': mean(restores),
+    }
+
+  @staticmethod
+  def blocks(state: PyTree) -> bool:
+    """Whether a save of `state` blocks (it is too large to be read while the training goes on)."""
+    return memory.state_bytes(state) > ASYNC_SAVE_MAX_BYTES
 
   def delete_after(self, step: int) -> list[int]:
     """Deletes the checkpoints newer than `step` (a timeline abandoned by a full recovery); returns their steps."""
@@ -209,6 +257,14 @@ class Checkpointer:
     """Closes and deletes this process's directory (a live state, once it was restored)."""
     self.close()
     shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def release(tree: PyTree) -> None:
+  """Frees the device buffers of `tree` (which must not be used again): a state a restore is about to replace, so
+  that the two never coexist."""
+  for leaf in jax.tree.leaves(tree):
+    if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+      leaf.delete()
 
 
 def keep_leaves(abstract_state: PyTree, keep: Callable[[str], bool]) -> PyTree:

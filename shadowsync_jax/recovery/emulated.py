@@ -171,9 +171,11 @@ class EmulatedFailures:
   def resume(self, state_L: Any, sync_state_R: PyTree) -> tuple[Any, PyTree, int]:
     """The newest checkpoint of a run that stopped (or the state as given, and step 0, on a fresh workdir)."""
     tree = checkpointing.training_tree(state_L, sync_state_R)
-    restored = self._checkpointer.restore_latest(checkpointing.abstract_like(tree))
-    if restored is None:
+    if self._checkpointer.latest_step() is None:
       return state_L, sync_state_R, 0
+    abstract = checkpointing.abstract_like(tree)
+    checkpointing.release(tree)  # The restored state replaces it: never both at once.
+    restored = self._checkpointer.restore_latest(abstract)
     tree, data = restored
     print(f'Resumed from the checkpoint at step {data["step"]} of {self._total_steps}.')
     return tree['train'], tree.get('sync'), data['step']

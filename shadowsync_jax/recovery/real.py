@@ -111,6 +111,8 @@ class RealFailures:
       self._checkpointer.delete_after(restored_step)  # Everyone went back to a common cut: past it, a lost timeline.
     started = time.perf_counter()
     tree = checkpointing.training_tree(state_L, sync_state_L)
+    if source != 'init':
+      checkpointing.release(tree)  # The restored state replaces it: never both at once.
     if source == 'live':
       tree = self._live.restore(restored_step, abstract)
     elif source == 'checkpoint':
@@ -225,6 +227,7 @@ class RealFailures:
       'estimated_pls': estimated_pls,
       'actual_pls': job['actual_pls'],  # Of every partial restart (none under full recovery).
       'checkpoint_interval_steps': self._interval,
+      'checkpoints': self._checkpointer.stats(),  # This process's: saves (blocking or not) and restores, timed.
       'recovery': details,
     }
 

@@ -65,7 +65,7 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
   train_step = train.make_train_step(config, meshes)
   source, _ = input_pipeline.make_sources(config.data, config.seed)
   loop = _Loop(
-    train.init_replicated_state(config, meshes.local),
+    train.init_replicated_state(config, meshes),
     train_step,
     meshes,
     input_pipeline.train_batches(

@@ -5,7 +5,6 @@
   init_R, sync_R = algorithms.stacked(algorithm, mesh)               # jit(shard_map(...)) over replicas
   sync_state_R = init_R(params_R)
   params_R, sync_state_R = sync_R(params_R, sync_state_R)                 # one round
-  eval_params = algorithms.stacked_consensus('bmuf', mesh)(params_R, sync_state_R)
 
 `init` and `sync` run per replica inside `jax.shard_map` over `axis_name`: they see one replica's params (no
 leading axis) and couple the replicas only through `lax.pmean`/`lax.psum`. Every sync state holds values that are
@@ -20,7 +19,6 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 from jax.sharding import Mesh
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
@@ -51,7 +49,8 @@ class BmufState(NamedTuple):
   momentum: PyTree  # D, the block momentum, the same on every replica.
 
 
-def _pmean(tree: PyTree, axis_name: str) -> PyTree:
+def replica_mean(tree: PyTree, axis_name: str) -> PyTree:
+  """The mean over the replicas along `axis_name` of every leaf (one all-reduce per dtype), inside `shard_map`."""
   return _flat_collective(lambda v: lax.pmean(v, axis_name), tree)
 
 
@@ -89,7 +88,7 @@ def model_averaging(axis_name: str) -> SyncAlgorithm:
     return ModelAveragingState()
 
   def sync(params, state):
-    return _pmean(params, axis_name), state
+    return replica_mean(params, axis_name), state
 
   return SyncAlgorithm(init, sync)
 
@@ -105,7 +104,7 @@ def elastic_averaging(axis_name: str, alpha: float) -> SyncAlgorithm:
   """
 
   def init(params):
-    return ElasticAveragingState(center=_pmean(params, axis_name))
+    return ElasticAveragingState(center=replica_mean(params, axis_name))
 
   def sync(params, state):
     diffs = jax.tree.map(lambda w, c: alpha * (w - c), params, state.center)
@@ -126,11 +125,11 @@ def bmuf(axis_name: str, block_momentum: float, block_lr: float = 1.0, nesterov:
   """
 
   def init(params):
-    global_params = _pmean(params, axis_name)
+    global_params = replica_mean(params, axis_name)
     return BmufState(global_params=global_params, momentum=jax.tree.map(jnp.zeros_like, global_params))
 
   def sync(params, state):
-    block_grad = jax.tree.map(lambda m, g: m - g, _pmean(params, axis_name), state.global_params)
+    block_grad = jax.tree.map(lambda m, g: m - g, replica_mean(params, axis_name), state.global_params)
     momentum = jax.tree.map(lambda d, b: block_momentum * d + block_lr * b, state.momentum, block_grad)
     global_params = jax.tree.map(lambda g, d: g + d, state.global_params, momentum)
     if nesterov:
@@ -180,20 +179,6 @@ def make(
   raise ValueError(f'Unknown sync algorithm {name!r}; known: {", ".join(NAMES)}.')
 
 
-def consensus_params(name: str, params: PyTree, sync_state: PyTree, axis_name: str = replicas.REPLICA_AXIS) -> PyTree:
-  """The model a run evaluates, computed per replica inside `shard_map` (DESIGN §3).
-
-  'ma' and 'bmuf': the replica mean, which includes the local steps made since the last round (for BMUF it
-  equals `g` right after a plain round; `g` would drop those steps, and with Nesterov the replicas start from
-  `g + eta D`, not from `g`). 'ea': the center `c`, the model EASGD is meant to produce.
-  """
-  if name in ('ma', 'bmuf'):
-    return _pmean(params, axis_name)
-  if name == 'ea':
-    return sync_state.center
-  raise ValueError(f'Unknown sync algorithm {name!r}; known: {", ".join(NAMES)}.')
-
-
 def stacked(
   algorithm: SyncAlgorithm, mesh: Mesh, donate: bool = False
 ) -> tuple[Callable[[PyTree], PyTree], Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]]:
@@ -217,17 +202,3 @@ def stacked(
     donate_argnums=(0, 1) if donate else (),
   )
   return init_R, sync_R
-
-
-def stacked_consensus(name: str, mesh: Mesh) -> Callable[[PyTree, PyTree], PyTree]:
-  """jit(shard_map) of `consensus_params` on stacked params and state; returns one copy, no leading axis, whole on
-  every device of `mesh`."""
-  spec = P(replicas.REPLICA_AXIS)
-
-  def consensus_one(params_1, state_1):
-    return replicas.unsqueeze(consensus_params(name, replicas.squeeze(params_1), replicas.squeeze(state_1)))
-
-  per_replica = jax.shard_map(consensus_one, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
-  return jax.jit(
-    lambda params_R, state_R: replicas.squeeze(per_replica(params_R, state_R)), out_shardings=NamedSharding(mesh, P())
-  )

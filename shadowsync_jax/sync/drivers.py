@@ -9,14 +9,16 @@
     ... metric writes, saves ...
     driver.loop_work(seconds)                   # what they took: shadow leaves a step with a save out of its pace
   state_L = driver.finish(state_L)             # ends the rounds (shadow: with every process) and joins the thread
-  params = driver.consensus(state_L.params)    # the model to evaluate (DESIGN §3), whole on every device
+  rule = driver.consensus_rule()               # the model to evaluate (DESIGN §3), read where it lives: `consensus`
   driver.stats()                               # sync_rounds, mean/max sync gap, mean round latency; shadow: the pace
 
 The train state `state_L` holds this process's replicas (`meshes.local`); rounds and the consensus run over all
 the job's replicas (`meshes.job`, the same mesh in a one-process job), so the sync state `sync_state_R` is a
 job-wide array. The math of a round lives in `algorithms` (pure, testable on numbers); the drivers own timing and
 threads: `foreground.NoSync` and `foreground.ForegroundSync` run on the training thread, `shadow.ShadowSync` in a
-thread of its own; `rounds` holds what they share (the synced groups, the consensus, the sync-gap bookkeeping).
+thread of its own (`scheduled.ScheduledShadowSync` where the steps are collectives: sharded tables, its rounds
+dispatched by the training thread); `rounds` holds what they share (the synced groups, the sync-gap bookkeeping)
+and `consensus` the model they evaluate.
 """
 
 from typing import Any, Protocol
@@ -25,8 +27,10 @@ import ml_collections
 
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
+from shadowsync_jax.sync import consensus
 from shadowsync_jax.sync import foreground
 from shadowsync_jax.sync import rounds
+from shadowsync_jax.sync import scheduled
 from shadowsync_jax.sync import shadow
 
 PyTree = Any
@@ -53,8 +57,12 @@ class SyncDriver(Protocol):
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds (`abandon`: at once, the run is failing) and returns the final train state."""
 
+  def consensus_rule(self) -> consensus.Rule:
+    """Which model is evaluated (`consensus`): read where it lives, with `sync_state()`."""
+
   def consensus(self, params_L: PyTree) -> PyTree:
-    """The model to evaluate, one tree without the replica axis (read it with `replicas.fetch`)."""
+    """The model to evaluate, whole, one tree without the replica axis (read it with `replicas.fetch`): for small
+    models and tests (`consensus.materialize` builds its tables)."""
 
   def stats(self) -> dict[str, Any]: ...
 
@@ -62,8 +70,9 @@ class SyncDriver(Protocol):
 def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes) -> SyncDriver:
   """The driver for `config.sync.algorithm`: NoSync, ForegroundSync (`fr_*`) or ShadowSync (`shadow_*`)."""
   sync = config.sync
+  tables = consensus.Tables(sync.embedding_placement, sync.shard_exchange)
   if sync.algorithm in ('none', 'sync_sgd'):
-    return foreground.NoSync(sync.algorithm, meshes)
+    return foreground.NoSync(sync.algorithm, meshes, tables)
   mode, name = sync.algorithm.split('_', 1)
   algorithm = algorithms.make(
     name,
@@ -74,13 +83,19 @@ def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshe
     sync.block_lr,
     sync.nesterov,
   )
-  groups = rounds.SYNCED_GROUPS[sync.what]
+  groups = rounds.synced_groups(sync.what, sync.embedding_placement)
   if mode == 'fr':
     # Under partial recovery a round whose peer died must leave the live params to be saved: no donation.
     keep_params = config.recovery.mode not in ('none', 'full')
-    return foreground.ForegroundSync(algorithm, name, meshes, groups, sync.every_k_steps, donate=not keep_params)
+    return foreground.ForegroundSync(
+      algorithm, name, meshes, groups, sync.every_k_steps, donate=not keep_params, tables=tables
+    )
+  if mode == 'shadow' and sync.embedding_placement == 'sharded':  # Steps are collectives: rounds go between them.
+    return scheduled.ScheduledShadowSync(
+      algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead, tables
+    )
   if mode == 'shadow':
-    return shadow.ShadowSync(algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead)
+    return shadow.ShadowSync(algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead, tables)
   raise ValueError(f'sync.algorithm={sync.algorithm!r} has no driver.')
 
 
@@ -111,6 +126,9 @@ class RestartedSync:
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     return self._driver.finish(state_L, abandon)
+
+  def consensus_rule(self) -> consensus.Rule:
+    return self._driver.consensus_rule()
 
   def consensus(self, params_L: PyTree) -> PyTree:
     return self._driver.consensus(params_L)

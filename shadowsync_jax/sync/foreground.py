@@ -14,6 +14,7 @@ import jax
 
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
+from shadowsync_jax.sync import consensus
 from shadowsync_jax.sync import rounds
 
 PyTree = Any
@@ -22,6 +23,17 @@ PyTree = Any
 class _TrainingThreadOnly:
   """A driver without a thread of its own: the training thread issues every collective, so there is nothing to
   end."""
+
+  _meshes: replicas.ReplicaMeshes
+
+  def consensus_rule(self) -> consensus.Rule:
+    raise NotImplementedError
+
+  def sync_state(self) -> PyTree:
+    raise NotImplementedError
+
+  def consensus(self, params_L: PyTree) -> PyTree:
+    return consensus.materialize(self.consensus_rule(), params_L, self.sync_state(), self._meshes)
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     return state_L
@@ -33,9 +45,12 @@ class _TrainingThreadOnly:
 class NoSync(_TrainingThreadOnly):
   """`none` (R independent models) and `sync_sgd` (synchronized inside the train step, no rounds)."""
 
-  def __init__(self, algorithm: str, meshes: replicas.ReplicaMeshes):
-    self._algorithm, self._meshes = algorithm, meshes
+  def __init__(self, algorithm: str, meshes: replicas.ReplicaMeshes, tables: consensus.Tables = consensus.REPLICATED):
+    self._algorithm, self._meshes, self._tables = algorithm, meshes, tables
     self._steps = 0
+
+  def consensus_rule(self) -> consensus.Rule:
+    return consensus.Rule(self._algorithm, (), self._tables)
 
   def initial_sync_state(self, state_L: Any) -> None:
     return None
@@ -49,11 +64,6 @@ class NoSync(_TrainingThreadOnly):
   def after_step(self, step: int, state_L: Any) -> Any:
     self._steps += 1
     return state_L
-
-  def consensus(self, params_L: PyTree) -> PyTree:
-    if self._algorithm == 'sync_sgd':  # All replicas are the same model: this process's first one.
-      return jax.tree.map(lambda x: x[0], params_L)
-    return replicas.job_mean(params_L, self._meshes)
 
   def stats(self) -> dict[str, Any]:
     if self._algorithm == 'sync_sgd':  # One gradient all-reduce per step: always in sync.
@@ -77,12 +87,13 @@ class ForegroundSync(_TrainingThreadOnly):
     groups: tuple[str, ...],
     every_k_steps: int,
     donate: bool = True,
+    tables: consensus.Tables = consensus.REPLICATED,
   ):
     """`donate`: a round updates the params in place; not where a round that fails (a peer died) must leave the
     live params to be saved (partial recovery of real failures)."""
     self._name, self._meshes, self._groups, self._every = name, meshes, groups, every_k_steps
+    self._tables = tables
     self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job, donate=donate)
-    self._consensus_R = algorithms.stacked_consensus(name, meshes.job)
     self._sync_state_R = None
     self._gaps = rounds.GapTracker()
 
@@ -111,8 +122,8 @@ class ForegroundSync(_TrainingThreadOnly):
     self._gaps.merged(step, time.perf_counter() - started)
     return state_L._replace(params=rounds.with_synced(state_L.params, replicas.to_local(synced_R, self._meshes)))
 
-  def consensus(self, params_L: PyTree) -> PyTree:
-    return rounds.consensus(self._consensus_R, self._groups, params_L, self._sync_state_R, self._meshes)
+  def consensus_rule(self) -> consensus.Rule:
+    return consensus.Rule(self._name, self._groups, self._tables)
 
   def stats(self) -> dict[str, Any]:
     return self._gaps.stats()

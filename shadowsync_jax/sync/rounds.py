@@ -1,19 +1,28 @@
-"""What every sync driver shares: which params a round syncs, the model to evaluate, and the count of rounds and gaps.
+"""What every sync driver shares: which params a round syncs, and the count of rounds and gaps.
 
 synced_L = rounds.select(state_L.params, rounds.SYNCED_GROUPS['dense'])   # {'mlp': ...}
 params_L = rounds.with_synced(state_L.params, synced_L)
 gaps = rounds.GapTracker(); gaps.merged(step, latency_s); gaps.stats()    # sync_rounds, mean/max sync gap
-params = rounds.consensus(consensus_R, groups, params_L, sync_state_R, meshes)   # DESIGN §3's evaluation model
+snapshot_L = rounds.copy(synced_L)                          # a shadow round's snapshot (the step donates the params)
+synced_L = rounds.merge(synced_L, snapshot_L, new_snapshot_L)   # w + (s' - s), in place
 """
 
+import functools
 from typing import Any
 
-from shadowsync_jax.parallel import replicas
+import jax
+import jax.numpy as jnp
 
 PyTree = Any
 
-# Which parameter groups a round synchronizes (`sync.what`).
+# Which parameter groups a round synchronizes (`sync.what`). A sharded table is one table, never synced:
+# `synced_groups` gives the dense part alone there.
 SYNCED_GROUPS = {'dense': ('mlp',), 'all': ('mlp', 'embedding')}
+
+
+def synced_groups(what: str, placement: str) -> tuple[str, ...]:
+  """The groups rounds sync for `sync.what` and `sync.embedding_placement`."""
+  return SYNCED_GROUPS['dense' if placement == 'sharded' else what]
 
 
 class GapTracker:
@@ -53,11 +62,14 @@ def with_synced(params: PyTree, synced: PyTree) -> PyTree:
   return {**params, **synced}
 
 
-def consensus(
-  consensus_R, groups: tuple[str, ...], params_L: PyTree, sync_state_R: PyTree, meshes: replicas.ReplicaMeshes
-) -> PyTree:
-  """The model to evaluate: the algorithm's consensus (`consensus_R`) of the synced groups, the job's replica mean
-  of the rest; whole on every device of the job."""
-  replicas.check_collective_thread('the consensus')
-  synced = consensus_R(replicas.to_job(select(params_L, groups), meshes), sync_state_R)
-  return with_synced(replicas.job_mean(params_L, meshes), synced)
+@functools.partial(jax.jit, donate_argnums=0)
+def merge(params_R: PyTree, snapshot_R: PyTree, synced_R: PyTree) -> PyTree:
+  """`w + (s' - s)`, in place (new buffers for every merged param cost the training thread a quarter more)."""
+  return jax.tree.map(lambda w, s, s_new: w + (s_new - s), params_R, snapshot_R, synced_R)
+
+
+@jax.jit
+def copy(tree: PyTree) -> PyTree:
+  """New buffers with the values of `tree`, in one program (a copy per leaf costs a dispatch per leaf, on the
+  training thread)."""
+  return jax.tree.map(jnp.copy, tree)

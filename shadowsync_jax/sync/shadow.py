@@ -47,6 +47,7 @@ import numpy as np
 
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
+from shadowsync_jax.sync import consensus
 from shadowsync_jax.sync import pacing
 from shadowsync_jax.sync import rounds
 
@@ -57,19 +58,6 @@ _ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
 # boundary i) the copy or merge, then waits for step i-1: the copy or merge runs after step i and delays step i+1,
 # which the loop waits for after boundary i+2, so its time lands in the third step timed after boundary i.
 _TAIL_STEPS = 3
-
-
-@functools.partial(jax.jit, donate_argnums=0)
-def _merge(params_R: PyTree, snapshot_R: PyTree, synced_R: PyTree) -> PyTree:
-  """`w + (s' - s)`, in place (new buffers for every merged param cost the training thread a quarter more)."""
-  return jax.tree.map(lambda w, s, s_new: w + (s_new - s), params_R, snapshot_R, synced_R)
-
-
-@jax.jit
-def _copy(tree: PyTree) -> PyTree:
-  """New buffers with the values of `tree`, in one program (a copy per leaf costs a dispatch per leaf, on the
-  training thread)."""
-  return jax.tree.map(jnp.copy, tree)
 
 
 def _round_agreement(meshes: replicas.ReplicaMeshes):
@@ -101,15 +89,15 @@ class ShadowSync:
     groups: tuple[str, ...],
     min_interval_s: float | str = 'auto',
     max_overhead: float = 0.05,
+    tables: consensus.Tables = consensus.REPLICATED,
   ):
-    self._name, self._meshes, self._groups = name, meshes, groups
+    self._name, self._meshes, self._groups, self._tables = name, meshes, groups, tables
     self._pacer = pacing.Pacer(max_overhead, None if min_interval_s == 'auto' else float(min_interval_s))
     self._interval_s = self._pacer.interval_s()  # Written by the training thread, read by the shadow thread.
     self._last_boundary_s: float | None = None  # When the last timed step boundary was.
     self._in_flight = False  # A snapshot was handed over and its round not merged yet.
     self._tail_steps = 0  # Steps left that carry the last hand-over's or merge's cost.
     self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job)
-    self._consensus_R = algorithms.stacked_consensus(name, meshes.job)
     self._agree = _round_agreement(meshes)
     self._job_interval_s: float | None = None  # The longest pace of the processes, agreed at the last round.
     self._sync_state_R = None  # That of the last merged round; the thread runs ahead on its own copy.
@@ -155,9 +143,9 @@ class ShadowSync:
     if self._compiled:
       return
     synced_L = rounds.select(state_L.params, self._groups)
-    _copy.lower(synced_L).compile()
+    rounds.copy.lower(synced_L).compile()
     self._sync_R.lower(replicas.to_job(synced_L, self._meshes), sync_state_R).compile()
-    _merge.lower(synced_L, synced_L, synced_L).compile()
+    rounds.merge.lower(synced_L, synced_L, synced_L).compile()
     self._compiled = True
 
   def after_step(self, step: int, state_L: Any) -> Any:
@@ -209,8 +197,11 @@ class ShadowSync:
     self._raise_if_failed()
     return self._step_boundary(state_L, step=None)
 
+  def consensus_rule(self) -> consensus.Rule:
+    return consensus.Rule(self._name, self._groups, self._tables)
+
   def consensus(self, params_L: PyTree) -> PyTree:
-    return rounds.consensus(self._consensus_R, self._groups, params_L, self._sync_state_R, self._meshes)
+    return consensus.materialize(self.consensus_rule(), params_L, self._sync_state_R, self._meshes)
 
   def stats(self) -> dict[str, Any]:
     """The rounds and sync gaps (`rounds.GapTracker`), this process's pace (`pacing.Pacer.stats`), and
@@ -241,7 +232,7 @@ class ShadowSync:
     except queue.Empty:
       pass
     else:
-      synced_groups = _merge(rounds.select(state_L.params, self._groups), snapshot_L, synced_L)
+      synced_groups = rounds.merge(rounds.select(state_L.params, self._groups), snapshot_L, synced_L)
       state_L = state_L._replace(params=rounds.with_synced(state_L.params, synced_groups))
       self._sync_state_R = sync_state_R
       self._gaps.merged(step, latency_s)
@@ -250,7 +241,7 @@ class ShadowSync:
         self._pacer.observe_round(latency_s)
     if self._snapshot_wanted.is_set():
       self._snapshot_wanted.clear()
-      self._snapshots.put(_copy(rounds.select(state_L.params, self._groups)))
+      self._snapshots.put(rounds.copy(rounds.select(state_L.params, self._groups)))
       self._in_flight, self._tail_steps = True, _TAIL_STEPS
     return state_L
 

@@ -60,7 +60,7 @@ class _Scripted:
 def initial_state():
   """Two replicas of the tiny model over 26 tables of 10 rows, built once (its init takes seconds to compile)."""
   config = _micro(num_replicas=2, data__cardinalities=(CARDINALITY,) * 26)
-  return train.init_replicated_state(config, replicas.make_meshes(2).local)
+  return train.init_replicated_state(config, replicas.make_meshes(2))
 
 
 def _unit_recovery(tmp_path, initial_state, mode, failures_by_step, **overrides):

@@ -182,25 +182,6 @@ def test_bmuf_without_momentum_is_model_averaging():
   _assert_close(params_R, ref_params, 'bmuf with eta=0, zeta=1')
 
 
-@pytest.mark.parametrize('name', ['ma', 'ea', 'bmuf'])
-def test_consensus_params(name):
-  """The evaluated model: the replica mean for ma and bmuf, the EASGD center for ea (DESIGN §3)."""
-  num_replicas = 4
-  rng = np.random.default_rng(3)
-  mesh = replicas.make_mesh(num_replicas)
-  init_R, sync_R = sa.stacked(sa.make(name, replicas.REPLICA_AXIS, num_replicas, 0.2, -1.0, 1.0), mesh)
-  params_R = _to_device(_random_R(rng, num_replicas), mesh)
-  params_R, state_R = sync_R(params_R, init_R(params_R))
-  params_R = jax.tree.map(operator.add, params_R, _to_device(_random_R(rng, num_replicas), mesh))  # local steps
-  got = sa.stacked_consensus(name, mesh)(params_R, state_R)
-  if name == 'ea':
-    want = jax.tree.map(lambda c: np.asarray(c)[0], state_R.center)
-  else:
-    want = jax.tree.map(lambda w: np.asarray(w, np.float64).mean(axis=0), params_R)
-  _assert_close(got, want, f'{name} consensus')
-  assert jax.tree.map(np.shape, got) == SHAPES, 'one copy, no replica axis'
-
-
 def test_make_rejects_unknown_name_and_bad_settings():
   axis = replicas.REPLICA_AXIS
   with pytest.raises(ValueError, match="'fr_ma'"):
@@ -211,5 +192,3 @@ def test_make_rejects_unknown_name_and_bad_settings():
     sa.make('bmuf', axis, 4, 0.1, 1.0, 1.0)
   with pytest.raises(ValueError, match='block_lr'):
     sa.make('bmuf', axis, 4, 0.1, -1.0, 0.0)
-  with pytest.raises(ValueError, match="'gba'"):
-    sa.consensus_params('gba', {}, None)

@@ -202,7 +202,7 @@ def test_gap_tracker():
 def _compiled_step_text(config) -> str:
   """The HLO that XLA runs for the replicated train step of `config` (abstract inputs: nothing is initialized)."""
   mesh = replicas.make_mesh(config.num_replicas)
-  state = jax.eval_shape(lambda: train.init_replicated_state(config, mesh))
+  state = train.abstract_state(config, replicas.ReplicaMeshes(mesh, mesh))
   leading = (config.num_replicas, config.batch_size)
   batch = batch_lib.Batch(
     dense=jax.ShapeDtypeStruct((*leading, batch_lib.NUM_DENSE_FEATURES), np.float32),
