@@ -70,10 +70,11 @@ def _state_builder(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMe
   num_local = meshes.local.shape[replicas.REPLICA_AXIS]
   first_shard = jax.process_index() * num_local
 
+  rows = table_placement.rows_held(placement, layout.num_rows, layout.num_shards)
+
   def one_device(key):
-    rows, global_row = None, lambda local_rows: local_rows
+    global_row = lambda local_rows: local_rows
     if placement == 'sharded':
-      rows = layout.rows_per_shard
       global_row = functools.partial(layout.global_rows, first_shard + lax.axis_index(replicas.REPLICA_AXIS))
     state = step_lib.init_train_state(
       key,
@@ -88,7 +89,8 @@ def _state_builder(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMe
     return replicas.unsqueeze(state)
 
   spec = P(replicas.REPLICA_AXIS)
-  return jax.jit(jax.shard_map(one_device, mesh=meshes.local, in_specs=P(), out_specs=spec, check_vma=False))
+  built = jax.shard_map(one_device, mesh=meshes.local, in_specs=P(), out_specs=spec, check_vma=False)
+  return jax.jit(built, out_shardings=replicas.replica_sharding(meshes.local))
 
 
 def make_train_step(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes):

@@ -29,6 +29,9 @@ import numpy as np
 
 PLACEMENTS = ('replicated', 'shared', 'sharded')
 EXCHANGES = ('all_gather', 'all_to_all')
+# A device's table has a multiple of this many rows (the last ones padding, never looked up): checkpoint writers cut
+# arrays into chunks that divide their rows, and a prime row count (Criteo Kaggle's 33,762,577) means 1-row chunks.
+ROW_ALIGN = 256
 
 
 class ShardLayout(NamedTuple):
@@ -39,7 +42,7 @@ class ShardLayout(NamedTuple):
 
   @property
   def rows_per_shard(self) -> int:
-    """ceil(V / S): every shard the same shape; the last local rows of some shards hold no table row."""
+    """ceil(V / S): every shard holds as many; the last local rows of some shards hold no table row."""
     return -(-self.num_rows // self.num_shards)
 
   def global_rows(self, shard: Any, local_rows: Any) -> Any:
@@ -51,9 +54,6 @@ class ShardLayout(NamedTuple):
 
   def local_row(self, rows: np.ndarray) -> np.ndarray:
     return rows // self.num_shards
-
-  def shard_bytes(self, embedding_dim: int, itemsize: int = 4) -> int:
-    return self.rows_per_shard * embedding_dim * itemsize
 
 
 class TablePlacement(Protocol):
@@ -117,10 +117,10 @@ class Sharded(NamedTuple):
 
   def lookup(self, table, row_ids_N):
     if self.exchange == 'all_gather':
-      routing = self._owned(lax.all_gather(row_ids_N, self.axis_name, tiled=True))
+      routing = self._owned(lax.all_gather(row_ids_N, self.axis_name, tiled=True), table.shape[0])
       rows_SNxD = _gather(table, routing.local_ids_SN, fill=True)
       return lax.psum_scatter(rows_SNxD, self.axis_name, scatter_dimension=0, tiled=True), routing
-    routing = self._send(row_ids_N)
+    routing = self._send(row_ids_N, table.shape[0])
     rows_SxNxD = _gather(table, routing.received_SxN, fill=True)
     back_SxNxD = lax.all_to_all(rows_SxNxD, self.axis_name, 0, 0, tiled=True)
     return back_SxNxD[routing.destination_N, routing.slot_N], routing
@@ -135,20 +135,21 @@ class Sharded(NamedTuple):
     received_SxNxD = lax.all_to_all(outgoing_SxNxD, self.axis_name, 0, 0, tiled=True)
     return routing.received_SxN.reshape(-1), received_SxNxD.reshape(num_shards * n, -1)
 
-  def _owned(self, row_ids_M):
-    """`row_ids_M` as local rows of this device's shard; the rows of other shards past its end."""
+  def _owned(self, row_ids_M, shard_rows: int):
+    """`row_ids_M` as local rows of this device's shard (of `shard_rows` rows, padding included); the rows of
+    other shards past its end."""
     shard = lax.axis_index(self.axis_name)
     mine = self.layout.shard_of(row_ids_M) == shard
-    return _Owned(jnp.where(mine, self.layout.local_row(row_ids_M), self.layout.rows_per_shard))
+    return _Owned(jnp.where(mine, self.layout.local_row(row_ids_M), shard_rows))
 
-  def _send(self, row_ids_N):
+  def _send(self, row_ids_N, shard_rows: int):
     """Each id to its owner: slot k of the owner's bucket holds the k-th id this device sends it. Buckets hold N
     ids (every id may belong to one shard), so one all-to-all moves as much as an all-gather of the ids."""
     num_shards, n = self.layout.num_shards, row_ids_N.shape[0]
     destination_N = self.layout.shard_of(row_ids_N)
     one_hot_NxS = destination_N[:, None] == jnp.arange(num_shards, dtype=destination_N.dtype)
     slot_N = jnp.take_along_axis(jnp.cumsum(one_hot_NxS, axis=0, dtype=jnp.int32), destination_N[:, None], 1)[:, 0] - 1
-    outgoing_SxN = jnp.full((num_shards, n), self.layout.rows_per_shard, row_ids_N.dtype)
+    outgoing_SxN = jnp.full((num_shards, n), shard_rows, row_ids_N.dtype)  # Padding slots: past the shard.
     outgoing_SxN = outgoing_SxN.at[destination_N, slot_N].set(self.layout.local_row(row_ids_N))
     return _Sent(destination_N, slot_N, lax.all_to_all(outgoing_SxN, self.axis_name, 0, 0, tiled=True))
 
@@ -189,5 +190,6 @@ def make(
 
 
 def rows_held(placement: str, num_rows: int, num_devices: int) -> int:
-  """Rows of the table each device holds: all of them, or its shard's."""
-  return ShardLayout(num_rows, num_devices).rows_per_shard if placement == 'sharded' else num_rows
+  """Rows of the table each device holds: all of them, or its shard's, padded to a multiple of `ROW_ALIGN`."""
+  rows = ShardLayout(num_rows, num_devices).rows_per_shard if placement == 'sharded' else num_rows
+  return -(-rows // ROW_ALIGN) * ROW_ALIGN

@@ -18,10 +18,11 @@ step each process restores after a restart is `restart_plan`'s decision; this mo
 Memory (DESIGN §4: no second copy of the tables). An async save reads the arrays while the training goes on; on a
 CPU it reads the device buffers themselves, which the next step then cannot update in place (it copies the whole
 state instead), and elsewhere it copies them to the host first. So a state above `ASYNC_SAVE_MAX_BYTES` is saved
-blocking: the loop waits while its buffers are written, straight from where they are. Restores read at most
-`RESTORE_CONCURRENT_GB` at a time, and a caller that restores over a state it holds releases that state first
-(`release`): a restored state never meets a second one. Arrays are written uncompressed (trained floats do not
-compress; zstd only costs the writer's cores).
+blocking: the loop waits while it is written, straight from where it lives: its large leaves (tables and their
+optimizer state) as a third item, `tables`, written and read a block of rows at a time (`row_blocks`), the rest by
+orbax. A caller that restores over a state it holds releases that state first (`release`), so a restored state
+never meets a second one. Arrays are written uncompressed (trained floats do not compress; zstd only costs the
+writer's cores).
 
 A checkpoint holds two items: `state` (any pytree of this process's [L, ...] arrays, restored with the shardings
 of the abstract tree) and `data` (JSON: `step`, the stream position the next batch starts at, and whatever the
@@ -39,24 +40,27 @@ processes), so each process restores only its own directory.
 from collections.abc import Callable
 import logging
 import pathlib
+import re
 import shutil
 import time
 from typing import Any
 
 from absl import logging as absl_logging
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint import type_handlers
 from orbax.checkpoint._src.futures import signaling_client
 
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
+from shadowsync_jax.recovery import row_blocks
 
 PyTree = Any
 
 SKIPPED = ocp.PLACEHOLDER  # A leaf `restore_partial` does not read (in its argument and in what it returns).
 ASYNC_SAVE_MAX_BYTES = 256 << 20  # A larger state (this process's part) is saved blocking, without a copy.
-RESTORE_CONCURRENT_GB = 1  # Bytes read at once by a restore, beyond which reads wait (orbax's limiter).
+LARGE_LEAF_BYTES = 1 << 20  # In a blocking save, leaves from this size on go by blocks of rows (`row_blocks`).
 
 # Orbax's save futures look for signals in the coordinator's key-value store; a process's own saves need none, and
 # the store may be gone with a dead coordinator while a survivor saves its live state: keep them in the process.
@@ -103,6 +107,7 @@ class Checkpointer:
       item_handlers={
         'state': self._state_handler(),
         'data': ocp.JsonCheckpointHandler(multiprocessing_options=self._alone),
+        'tables': row_blocks.RowBlockHandler(),
       },
     )
     self._leaf_reader: ocp.Checkpointer | None = None  # For restore_partial, made on first use.
@@ -117,7 +122,6 @@ class Checkpointer:
       use_ocdbt=True,
       use_zarr3=True,
       use_compression=False,
-      restore_concurrent_gb=RESTORE_CONCURRENT_GB,
       multiprocessing_options=self._alone,
       type_handler_registry=registry,
     )
@@ -132,23 +136,25 @@ class Checkpointer:
   def restore(self, step: int, abstract_state: PyTree) -> tuple[PyTree, dict[str, Any]]:
     """The checkpoint at `step` as (state, data), arrays placed like `abstract_state` (this process's [L, ...])."""
     self._manager.wait_until_finished()
-    abstract_job = _job_abstract(abstract_state, self._meshes)
     started = time.perf_counter()
+    in_blocks = self._row_block_leaves(step, abstract_state)
+    abstract_job = _job_abstract(_skipping(abstract_state, in_blocks), self._meshes)
+    items = {
+      'state': ocp.args.PyTreeRestore(item=abstract_job, restore_args=_restore_args(abstract_job)),
+      'data': ocp.args.JsonRestore(),
+    }
+    if in_blocks:
+      items['tables'] = row_blocks.RowBlockRestore(in_blocks)
     try:
-      restored = self._manager.restore(
-        step,
-        args=ocp.args.Composite(
-          state=ocp.args.PyTreeRestore(item=abstract_job, restore_args=_restore_args(abstract_job)),
-          data=ocp.args.JsonRestore(),
-        ),
-      )
+      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     except (ValueError, KeyError, FileNotFoundError) as error:  # Orbax lists tree paths; say first what to do.
       raise ValueError(
         f'The checkpoint at step {step} in {self.directory} does not match this run (another model, sync '
         'algorithm, replica or process count, or an older version of the code). Use a new workdir, or delete '
         f'that checkpoint directory to start over. Orbax said: {error}'
       ) from error
-    state = jax.block_until_ready(replicas.to_local(restored.state, self._meshes))
+    state = _merged(self._local(restored.state), restored.get('tables') or {})
+    state = jax.block_until_ready(state)
     self._timings['restore_s'].append(time.perf_counter() - started)
     return state, dict(restored.data)
 
@@ -170,16 +176,31 @@ class Checkpointer:
       raise ValueError(
         f'There is no complete checkpoint at step {step} in {self.directory} (complete: {self.all_steps()}).'
       )
-    abstract_job = _job_abstract(abstract_state, self._meshes)
+    in_blocks = self._row_block_leaves(step, abstract_state)
+    abstract_job = _job_abstract(_skipping(abstract_state, in_blocks), self._meshes)
     if self._leaf_reader is None:
       self._leaf_reader = ocp.Checkpointer(self._state_handler(), multiprocessing_options=self._alone)
     restored = self._leaf_reader.restore(
       self.directory / str(step) / 'state',
       args=ocp.args.PyTreeRestore(item=abstract_job, restore_args=_restore_args(abstract_job)),
     )
+    tables = row_blocks.RowBlockHandler().restore(self._item(step, 'tables'), row_blocks.RowBlockRestore(in_blocks))
+    return _merged(self._local(restored), tables)
+
+  def _local(self, restored_job: PyTree) -> PyTree:
     return jax.tree.map(
-      lambda x: x if x is SKIPPED else replicas.to_local(x, self._meshes), restored, is_leaf=lambda x: x is SKIPPED
+      lambda x: x if x is SKIPPED else replicas.to_local(x, self._meshes), restored_job, is_leaf=lambda x: x is SKIPPED
     )
+
+  def _item(self, step: int, item: str) -> pathlib.Path:
+    return self.directory / str(step) / item
+
+  def _row_block_leaves(self, step: int, abstract_state: PyTree) -> dict[str, Any]:
+    """{name: abstract leaf} of the wanted leaves the checkpoint at `step` holds in its `tables` item."""
+    directory = self._item(step, 'tables')
+    saved = {path.name for path in directory.iterdir()} if directory.is_dir() else set()
+    flat = jax.tree_util.tree_flatten_with_path(abstract_state, is_leaf=lambda x: x is SKIPPED)[0]
+    return {_leaf_name(path): leaf for path, leaf in flat if leaf is not SKIPPED and _leaf_name(path) in saved}
 
   def due(self, step: int) -> bool:
     """Whether `step` is a periodic save point."""
@@ -196,14 +217,21 @@ class Checkpointer:
     (module docstring)."""
     if step in self._manager.all_steps():
       return False
-    job_state = replicas.to_job(state, self._meshes)
-    started_s = time.perf_counter()
-    started = self._manager.save(
-      step,
-      args=ocp.args.Composite(state=ocp.args.PyTreeSave(job_state), data=ocp.args.JsonSave({'step': step, **data})),
-      force=True,
-    )
     self._last_blocked = self.blocks(state)
+    in_blocks = _large_leaves(state) if self._last_blocked else {}
+    if in_blocks:  # A byte a device where a leaf went to the `tables` item (orbax saves arrays only, here).
+      num_local = self._meshes.local.shape[replicas.REPLICA_AXIS]
+      sharding = replicas.replica_sharding(self._meshes.local)
+      stand_in = jax.jit(lambda: jnp.zeros(num_local, jnp.int8), out_shardings=sharding)()
+      state = _standing_in(state, in_blocks, stand_in)
+    items = {
+      'state': ocp.args.PyTreeSave(replicas.to_job(state, self._meshes)),
+      'data': ocp.args.JsonSave({'step': step, **data}),
+    }
+    if in_blocks:
+      items['tables'] = row_blocks.RowBlockSave(in_blocks)
+    started_s = time.perf_counter()
+    started = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
     if started and self._last_blocked:
       self._manager.wait_until_finished()
     if started:
@@ -257,6 +285,38 @@ class Checkpointer:
     """Closes and deletes this process's directory (a live state, once it was restored)."""
     self.close()
     shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _leaf_name(path) -> str:
+  """A leaf's tree path as a directory name: "['train'].params['embedding']" -> 'train_params_embedding'."""
+  return re.sub(r'[^A-Za-z0-9]+', '_', jax.tree_util.keystr(path)).strip('_')
+
+
+def _large_leaves(state: PyTree) -> dict[str, jax.Array]:
+  """{name: leaf} of the leaves of this process's state that go by blocks of rows."""
+  flat = jax.tree_util.tree_flatten_with_path(state)[0]
+  return {
+    _leaf_name(path): leaf
+    for path, leaf in flat
+    if getattr(leaf, 'ndim', 0) >= 2 and memory.state_bytes(leaf) >= LARGE_LEAF_BYTES
+  }
+
+
+def _standing_in(tree: PyTree, names: dict[str, Any], stand_in: jax.Array) -> PyTree:
+  return jax.tree_util.tree_map_with_path(lambda path, x: stand_in if _leaf_name(path) in names else x, tree)
+
+
+def _skipping(abstract: PyTree, names: dict[str, Any]) -> PyTree:
+  return jax.tree_util.tree_map_with_path(
+    lambda path, x: SKIPPED if _leaf_name(path) in names else x, abstract, is_leaf=lambda x: x is SKIPPED
+  )
+
+
+def _merged(tree: PyTree, by_name: dict[str, jax.Array]) -> PyTree:
+  """`tree` with the leaves named in `by_name` taken from there."""
+  return jax.tree_util.tree_map_with_path(
+    lambda path, x: by_name.get(_leaf_name(path), x), tree, is_leaf=lambda x: x is SKIPPED
+  )
 
 
 def release(tree: PyTree) -> None:

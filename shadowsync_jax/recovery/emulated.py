@@ -449,7 +449,7 @@ class EmulatedFailures:
     priority = self._saver.latest() if self._saver is not None else None
     if priority is not None and priority[0] <= checkpoint:
       priority = None  # Older than the full checkpoint: nothing newer in it.
-    failed_RxV = np.zeros((self._config.num_replicas, sum(self._cardinalities)), bool)
+    failed_RxV = np.zeros((self._config.num_replicas, state_L.params['embedding'].shape[1]), bool)  # Padded rows.
     if failure.kind == 'embedding_shard':
       failed_RxV[:, failures.embedding_shard_rows(self._cardinalities, self._num_shards, failure.index)] = True
     else:
@@ -466,6 +466,7 @@ class EmulatedFailures:
     seconds = time.perf_counter() - started
     self.account.restore_s += seconds
     failed_replicas, failed_rows = np.flatnonzero(failed_RxV.any(axis=1)), np.flatnonzero(failed_RxV.any(axis=0))
+    failed_rows = failed_rows[failed_rows < sum(self._cardinalities)]  # Not the padding rows past the tables.
     lost_lookups = self._ledger.fail(failed_replicas, failed_rows)
     self._log(
       failure, step, checkpoint, seconds, priority_from=priority[0] if priority else None, lost_lookups=lost_lookups
@@ -520,7 +521,7 @@ class EmulatedFailures:
         return
     failure = failures.Failure(step, self._config.recovery.failure_target, 0)
     rows_lost = not (failure.kind == 'replica' and self._shared_tables)  # Whether a failure reloads table rows.
-    failed_RxV = np.full((self._config.num_replicas, sum(self._cardinalities)), rows_lost)
+    failed_RxV = np.full((self._config.num_replicas, state_L.params['embedding'].shape[1]), rows_lost)
     self._reload(state_L, failure, step, failed_RxV, None)
     if self.requested_mode == 'cpr':
       one_part_RxV = np.zeros_like(failed_RxV)
