@@ -29,6 +29,7 @@ import jax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 import ml_collections
+import psutil
 
 from shadowsync_jax import config as config_lib
 from shadowsync_jax.data import input_pipeline
@@ -217,7 +218,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   if stop_step // log_every > start_step // log_every:  # Some step logs the divergence: compiled before the steps.
     replicas.replica_divergence.lower(_replicated_part(state.params, config)).compile()
   step, window, batches = start_step, _LossWindow(), batches_from(start_step)
-  timed_start, timed_steps, pending_loss = None, 0, None
+  timed_start, timed_steps, pending_loss, startup_s = None, 0, None, None
   try:
     while step < stop_step:
       batch = next(batches)
@@ -233,6 +234,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         jax.block_until_ready(pending_loss)
         timed_start = time.perf_counter()
         window.reset(timed_start)
+        startup_s = time.time() - psutil.Process().create_time()  # From the process's start: imports, init, compile.
       else:
         timed_steps += 1
       progress_line.update(step)
@@ -291,6 +293,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     'eval_ne_per_replica': eval_metrics.get('ne_per_replica'),
     'examples_per_sec': sum(examples_per_sec_per_process) if timed_seconds > 0 else None,
     'examples_per_sec_per_process': examples_per_sec_per_process,
+    'startup_s': startup_s,  # Process 0's, from its start to its first step done (None: no step was run).
     'net_bytes_sent': net_bytes_sent,  # Per process; null on 127.0.0.1 (parallel/network.py).
     'net_bytes_received': net_bytes_received,
     'train_examples': step * examples_per_step,

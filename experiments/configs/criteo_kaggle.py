@@ -38,37 +38,10 @@ Variants:
 """
 
 from shadowsync_jax import config as config_lib
+from shadowsync_jax.data.criteo import cardinalities
 from shadowsync_jax.data.prepared import manifest
 
-# Distinct values of C1..C26 in Kaggle's train.txt, the DLRM reference's table sizes (33.8M rows in all).
-KAGGLE_CARDINALITIES = (
-  1460,
-  583,
-  10131227,
-  2202608,
-  305,
-  24,
-  12517,
-  633,
-  3,
-  93145,
-  5683,
-  8351593,
-  3194,
-  27,
-  14992,
-  5461306,
-  10,
-  5652,
-  2173,
-  4,
-  7046547,
-  18,
-  15,
-  286181,
-  105,
-  142572,
-)
+KAGGLE_CARDINALITIES = cardinalities.KAGGLE  # Distinct values of C1..C26 in train.txt (33.8M rows).
 
 
 def get_config(variant: str = ''):

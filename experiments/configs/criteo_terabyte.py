@@ -30,37 +30,10 @@ Variants:
 """
 
 from shadowsync_jax import config as config_lib
+from shadowsync_jax.data.criteo import cardinalities
 from shadowsync_jax.data.prepared import manifest
 
-# MLPerf DLRM-DCNv2's table sizes: the Terabyte features' distinct counts, capped at 40M rows by hashing.
-TERABYTE_CARDINALITIES = (
-  40_000_000,
-  39_060,
-  17_295,
-  7_424,
-  20_265,
-  3,
-  7_122,
-  1_543,
-  63,
-  40_000_000,
-  3_067_956,
-  405_282,
-  10,
-  2_209,
-  11_938,
-  155,
-  4,
-  976,
-  14,
-  40_000_000,
-  40_000_000,
-  40_000_000,
-  590_152,
-  12_973,
-  108,
-  36,
-)
+TERABYTE_CARDINALITIES = cardinalities.TERABYTE  # MLPerf's: every feature hashed into at most 40M rows.
 
 
 def get_config(variant: str = ''):

@@ -17,26 +17,39 @@ with the bias set so the mean CTR is `mean_ctr`. Each `*_scale` of the spec is t
 (measured on a calibration sample), so the knobs read directly as how much signal each term carries. Per-id effects
 shrink with the id's rarity (`shrink_count`), so what the teacher does can be learned from a few million examples.
 With `drift > 0` the first-order effects rotate slowly with the example index, like changing ad traffic.
+
+Nothing the source holds grows with the tables (its caches are bounded), so it builds at any cardinalities. The
+ranks and their ids are `zipf`'s (an exact inverse CDF for the most frequent ranks, an analytic one beyond; a
+seeded bijection from ranks to ids); the teacher's per-id parameters are hashed on demand:
+
+- Per-id effects. The teacher embedding v (K), first-order a and drifted first-order a' of rank k are K + 2
+  standard normals (one of 2^16 quantiles each, picked by 16 bits of a hash of (seed, table, rank, column)), times
+  sqrt(shrink) for v and shrink for a and a', shrink = m / (m + shrink_count) with m = P(rank k)
+  shrink_reference_examples, times one scale per term that the calibration sets.
+
+The ids and effects of the head ranks are cached (at most 26 (2^15 + 1) rows, whatever the cardinalities); a tail
+draw computes its own, with the same functions, so the cache changes no value.
 """
 
+from collections.abc import Callable
 import dataclasses
+import math
+import statistics
 
 import numpy as np
 
+from shadowsync_jax.data import counter_hash
+from shadowsync_jax.data import zipf
 from shadowsync_jax.data.batch import NUM_DENSE_FEATURES
 from shadowsync_jax.data.batch import NUM_SPARSE_FEATURES
 from shadowsync_jax.data.batch import Batch
 
-_GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX_2 = np.uint64(0x94D049BB133111EB)
 _WORDS_PER_EXAMPLE = 20  # 64-bit hashes per example = 40 uint32 draws: 26 categorical, 13 dense, 1 label.
 _LABEL_COLUMN = NUM_SPARSE_FEATURES + NUM_DENSE_FEATURES
 _CHUNK = 4096  # Examples generated at once: keeps the temporaries in cache; results do not depend on it.
-_GUIDE_BUCKETS_PER_ID = 8  # Guide-table entries per table row: the inverse-CDF search then needs ~1 step.
-_MAX_GUIDE_BITS = 18  # At most 2^18 guide entries per table (1 MiB); larger tables search a little longer.
-_GUIDE_STEPS = 3  # Linear search steps after the guide lookup before falling back to binary search.
+_QUANTILE_BITS = 16  # A teacher normal is one of 2^16 quantiles of N(0, 1): four per 64-bit hash.
 _CALIBRATION_EXAMPLES = 16384  # Examples 0..16383 set the term scales and the bias.
+_TWO_32 = 2**32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,28 +75,19 @@ class SyntheticSpec:
   def __post_init__(self):
     if len(self.cardinalities) != NUM_SPARSE_FEATURES or min(self.cardinalities) < 1:
       raise ValueError(f'cardinalities must be {NUM_SPARSE_FEATURES} positive ints, got {self.cardinalities}.')
+    if max(self.cardinalities) > np.iinfo(np.int32).max:
+      raise ValueError(f'ids are int32: cardinalities must be below 2^31, got {max(self.cardinalities)}.')
     if self.zipf_exponent < 0 or self.drift < 0 or self.drift_horizon <= 0:
       raise ValueError(f'need zipf_exponent >= 0, drift >= 0, drift_horizon > 0; got {self}.')
     if not 0 < self.mean_ctr < 1:
       raise ValueError(f'mean_ctr={self.mean_ctr} must lie in (0, 1).')
 
 
-def splitmix64(counter: np.ndarray, key: int) -> np.ndarray:
-  """Output number `counter` of the splitmix64 generator seeded with `key` (uint64, vectorized, stateless)."""
-  z = (counter.astype(np.uint64) + np.uint64(1)) * _GOLDEN_GAMMA + np.uint64(key)
-  z ^= z >> np.uint64(30)
-  z *= _MIX_1
-  z ^= z >> np.uint64(27)
-  z *= _MIX_2
-  z ^= z >> np.uint64(31)
-  return z
-
-
 def _random_draws(key: int, start: int, count: int) -> np.ndarray:
   """uint32 [count, 40]: the random draws of examples start..start+count-1, a pure function of (key, index)."""
   index = np.arange(start, start + count, dtype=np.uint64)
   counter = index[:, None] * np.uint64(_WORDS_PER_EXAMPLE) + np.arange(_WORDS_PER_EXAMPLE, dtype=np.uint64)
-  return splitmix64(counter, key).view(np.uint32)
+  return counter_hash.splitmix64(counter, key).view(np.uint32)
 
 
 def _open_unit(draws: np.ndarray) -> np.ndarray:
@@ -91,52 +95,40 @@ def _open_unit(draws: np.ndarray) -> np.ndarray:
   return (draws + 0.5) * 2.0**-32
 
 
-class _ZipfTables:
-  """Truncated Zipf id samplers for all tables: an exact inverse CDF over uint32 draws, sped up by a guide table.
+def _normal_quantiles() -> np.ndarray:
+  """float32 [2^16]: the (i + 1/2) / 2^16 quantiles of N(0, 1), from which the teacher's normals are drawn."""
+  normal, count = statistics.NormalDist(), 2**_QUANTILE_BITS
+  return np.array([normal.inv_cdf((i + 0.5) / count) for i in range(count)], dtype=np.float32)
 
-  Ranks of all tables are numbered in one flat range (table t starts at `offsets[t]`). Rank r is drawn for the
-  uint32 draw d when last_draw[r - 1] < d <= last_draw[r], last_draw = round(2^32 cdf) - 1 within each table.
-  The guide table maps the top bits of d to the first rank that can match; a few vectorized steps finish.
-  """
 
-  def __init__(self, cardinalities: tuple[int, ...], exponent: float, rng: np.random.Generator):
-    sizes = np.asarray(cardinalities, dtype=np.int64)
-    self.offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    guide_bits = np.minimum(np.ceil(np.log2(sizes * _GUIDE_BUCKETS_PER_ID)), _MAX_GUIDE_BITS).astype(np.int64)
-    self.guide_shift = (32 - guide_bits).astype(np.uint32)
-    self.guide_offsets = np.concatenate([[0], np.cumsum(2**guide_bits)[:-1]]).astype(np.uint32)
-    last_draws, guides, probabilities, ids = [], [], [], []
-    for table, size in enumerate(sizes):
-      p = np.arange(1, size + 1, dtype=np.float64) ** -exponent
-      p /= p.sum()
-      threshold = np.round(np.cumsum(p) * 2.0**32).astype(np.int64)
-      threshold[-1] = 2**32  # Every draw stops inside its own table.
-      bucket_start = np.arange(2 ** guide_bits[table], dtype=np.int64) << int(self.guide_shift[table])
-      guides.append(np.searchsorted(threshold, bucket_start, side='right') + self.offsets[table])
-      last_draws.append(threshold - 1)
-      probabilities.append(np.diff(threshold, prepend=0) * 2.0**-32)
-      ids.append(rng.permutation(size).astype(np.int32))  # Frequent ranks land anywhere in the table.
-    self.last_draw = np.concatenate(last_draws).astype(np.uint32)
-    self.guide = np.concatenate(guides).astype(np.intp)  # intp: numpy gathers need no index conversion.
-    self.probability = np.concatenate(probabilities)  # P(rank) within its table, by flat rank.
-    self.id_of_rank = np.concatenate(ids)
-    # Thresholds made increasing over all tables, for the binary-search fallback.
-    self._flat_threshold = np.concatenate([last + 1 + (table << 32) for table, last in enumerate(last_draws)])
+class _IdEffects:
+  """Unit-scale per-id effects [v (K), a, a'] of any (table, rank), float32 [N, K + 2]: hashed, then shrunk."""
 
-  def sample(self, draws_NxT: np.ndarray) -> np.ndarray:
-    """Flat ranks (intp) [N, T] of the draws (column t is table t)."""
-    draws = np.ascontiguousarray(draws_NxT).ravel()
-    rank = np.take(self.guide, ((draws_NxT >> self.guide_shift) + self.guide_offsets).ravel())
-    pending = np.flatnonzero(np.take(self.last_draw, rank) < draws)
-    for _ in range(_GUIDE_STEPS):
-      if not pending.size:
-        break
-      rank[pending] += 1
-      pending = pending[np.take(self.last_draw, rank[pending]) < draws[pending]]
-    if pending.size:  # Long tails of huge tables: finish by binary search.
-      table = pending % draws_NxT.shape[1]
-      rank[pending] = np.searchsorted(self._flat_threshold, draws[pending] + (table << 32), side='right')
-    return rank.reshape(draws_NxT.shape)
+  def __init__(self, spec: SyntheticSpec, zipf: zipf.ZipfTables, key: int):
+    self._dim, self._key, self._zipf = spec.teacher_embedding_dim, key, zipf
+    self._words = math.ceil((self._dim + 2) * _QUANTILE_BITS / 64)  # 64-bit hashes per (table, rank).
+    self._shrink_count, self._reference_examples = spec.shrink_count, spec.shrink_reference_examples
+    self._quantiles = _normal_quantiles()
+
+  def __call__(self, table_N: np.ndarray, rank_N: np.ndarray) -> np.ndarray:
+    counter_N = (table_N.astype(np.uint64) << np.uint64(32)) + rank_N.astype(np.uint64)
+    words = np.arange(self._words, dtype=np.uint64)
+    hashes_NxH = counter_hash.splitmix64(counter_N[:, None] * np.uint64(self._words) + words, self._key)
+    normal_NxW = np.take(self._quantiles, hashes_NxH.view(np.uint16)[:, : self._dim + 2])
+    expected_N = self._zipf.probability(table_N, rank_N) * self._reference_examples
+    shrink_N = (expected_N / np.maximum(expected_N + self._shrink_count, 1e-300)).astype(np.float32)
+    scale_NxW = np.repeat(np.stack([np.sqrt(shrink_N), shrink_N], axis=1), [self._dim, 2], axis=1)
+    return normal_NxW * scale_NxW
+
+
+def _cached_or_hashed(
+  head_values: np.ndarray, ranks: zipf.Ranks, on_demand: Callable[[np.ndarray, np.ndarray], np.ndarray]
+) -> np.ndarray:
+  """The values of every draw, [N * T, ...]: gathered from the head cache, computed on demand for the tail."""
+  values = np.take(head_values, ranks.entry_NxT.ravel(), axis=0)
+  if ranks.tail_P.size:
+    values[ranks.tail_P] = on_demand(ranks.tail_table_P, ranks.tail_rank_P)
+  return values
 
 
 def _dense_counts(draws_NxF: np.ndarray, log_location_F: np.ndarray, log_scale_F: np.ndarray) -> np.ndarray:
@@ -154,7 +146,8 @@ def _dense_features(draws_NxF: np.ndarray, log_location_F: np.ndarray, log_scale
 
 @dataclasses.dataclass
 class _Teacher:
-  """The fixed random model that labels the stream. `rows` is indexed by flat rank (see `_ZipfTables`)."""
+  """The fixed random model that labels the stream. Its per-id effects are unit rows (`_IdEffects`) times
+  `effect_scale_W`."""
 
   dense_mean_F: np.ndarray
   dense_std_F: np.ndarray
@@ -163,23 +156,22 @@ class _Teacher:
   hidden_bias_H: np.ndarray
   hidden_out_H: np.ndarray
   cross_HxK: np.ndarray
-  rows: np.ndarray  # [sum cardinalities, K + 2]: per id, embedding v (K), first-order a, drifted first-order a'.
+  effect_scale_W: np.ndarray  # [K + 2]: the scale of v (K columns), a and a'.
   bias: float = 0.0
 
   def logit_terms(
-    self, dense_NxF: np.ndarray, rank_NxT: np.ndarray, angle_N: np.ndarray | None
+    self, dense_NxF: np.ndarray, unit_rows_NxTW: np.ndarray, angle_N: np.ndarray | None
   ) -> dict[str, np.ndarray]:
-    """Each term of the logit (bias excluded), float32 [N]."""
+    """Each term of the logit (bias excluded), float32 [N], from the unit per-id rows of the N examples."""
     x_NxF = (dense_NxF - self.dense_mean_F) / self.dense_std_F
     hidden_NxH = np.tanh(x_NxF @ self.hidden_in_FxH + self.hidden_bias_H)
-    (n, num_tables), width = rank_NxT.shape, self.rows.shape[1]
-    dim = width - 2
-    # One gather for all per-id parameters; sums over tables as a matmul (faster than numpy's strided sum).
-    rows_NxTW = np.take(self.rows, rank_NxT.ravel(), axis=0).reshape(n, num_tables * width)
-    sums_NxW = rows_NxTW @ np.tile(np.eye(width, dtype=np.float32), (num_tables, 1))
+    width = self.effect_scale_W.size
+    dim, num_tables = width - 2, unit_rows_NxTW.shape[1] // width
+    # Sums over tables, and the scales, as matmuls (faster than numpy's strided sum).
+    sums_NxW = unit_rows_NxTW @ np.tile(np.diag(self.effect_scale_W), (num_tables, 1))
+    square_scale_W = np.where(np.arange(width) < dim, np.square(self.effect_scale_W), np.float32(0))
+    squares_N = np.square(unit_rows_NxTW) @ np.tile(square_scale_W, num_tables)
     embedding_sum_NxK = sums_NxW[:, :dim]
-    is_embedding_TW = np.tile(np.arange(width) < dim, num_tables).astype(np.float32)
-    squares_N = np.square(rows_NxTW) @ is_embedding_TW
     first_order_N = sums_NxW[:, dim]
     if angle_N is not None:
       first_order_N = np.cos(angle_N) * first_order_N + np.sin(angle_N) * sums_NxW[:, dim + 1]
@@ -191,8 +183,8 @@ class _Teacher:
       'dense_cross': np.einsum('nk,nk->n', embedding_sum_NxK, hidden_NxH @ self.cross_HxK),
     }
 
-  def logit(self, dense_NxF: np.ndarray, rank_NxT: np.ndarray, angle_N: np.ndarray | None) -> np.ndarray:
-    return self.bias + sum(self.logit_terms(dense_NxF, rank_NxT, angle_N).values())
+  def logit(self, dense_NxF: np.ndarray, unit_rows_NxTW: np.ndarray, angle_N: np.ndarray | None) -> np.ndarray:
+    return self.bias + sum(self.logit_terms(dense_NxF, unit_rows_NxTW, angle_N).values())
 
 
 class SyntheticSource:
@@ -201,12 +193,21 @@ class SyntheticSource:
   def __init__(self, spec: SyntheticSpec = SyntheticSpec()):
     self.spec = spec
     rng = np.random.default_rng(spec.seed)
-    self._key = int(splitmix64(np.zeros(1, np.uint64), spec.seed)[0])
-    self._zipf = _ZipfTables(spec.cardinalities, spec.zipf_exponent, rng)
+    example_key, permutation_key, effects_key = (
+      int(k) for k in counter_hash.splitmix64(np.arange(3, dtype=np.uint64), spec.seed)
+    )
+    self._key = example_key
+    self._zipf = zipf.ZipfTables(spec.cardinalities, spec.zipf_exponent)
+    self._permutation = zipf.IdPermutation(spec.cardinalities, permutation_key)
+    self._effects = _IdEffects(spec, self._zipf, effects_key)
+    head_table, head_rank = self._zipf.entry_ranks()
+    self._head_ids = self._permutation(head_table, head_rank)
+    self._head_effects = self._effects(head_table, head_rank)
     self._log_location_F = rng.uniform(-1.0, 6.0, NUM_DENSE_FEATURES).astype(np.float32)
     self._log_scale_F = rng.uniform(0.5, 1.5, NUM_DENSE_FEATURES).astype(np.float32)
-    self._teacher = _random_teacher(spec, self._zipf.probability, rng)
-    _calibrate(self._teacher, spec, *self._features(0, _CALIBRATION_EXAMPLES)[:2])
+    self._teacher = _random_teacher(spec, rng)
+    dense_NxF, ranks, _ = self._features(0, _CALIBRATION_EXAMPLES)
+    _calibrate(self._teacher, spec, dense_NxF, self._unit_rows(ranks))
 
   def read(self, start: int, count: int) -> Batch:
     """Examples with stream indices [start, start + count), as numpy float32 / int32."""
@@ -237,12 +238,16 @@ class SyntheticSource:
       self._generate_into(start + offset, Batch(*(field[offset:end] for field in batch)), probability[offset:end])
     return batch, probability
 
-  def _features(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Dense features, flat ranks and the label draws of examples [start, start + count)."""
+  def _features(self, start: int, count: int) -> tuple[np.ndarray, zipf.Ranks, np.ndarray]:
+    """Dense features, ranks and the label draws of examples [start, start + count)."""
     draws = _random_draws(self._key, start, count)
-    rank_NxT = self._zipf.sample(draws[:, :NUM_SPARSE_FEATURES])
+    ranks = self._zipf.sample(draws[:, :NUM_SPARSE_FEATURES])
     dense_NxF = _dense_features(draws[:, NUM_SPARSE_FEATURES:_LABEL_COLUMN], self._log_location_F, self._log_scale_F)
-    return dense_NxF, rank_NxT, draws[:, _LABEL_COLUMN]
+    return dense_NxF, ranks, draws[:, _LABEL_COLUMN]
+
+  def _unit_rows(self, ranks: zipf.Ranks) -> np.ndarray:
+    """float32 [N, T (K + 2)]: the unit per-id effects of every draw, table after table."""
+    return _cached_or_hashed(self._head_effects, ranks, self._effects).reshape(len(ranks.entry_NxT), -1)
 
   def _drift_angle(self, start: int, count: int) -> np.ndarray | None:
     if self.spec.drift == 0:
@@ -252,20 +257,18 @@ class SyntheticSource:
 
   def _generate_into(self, start: int, batch: Batch, probability: np.ndarray) -> None:
     """Writes examples [start, start + len(probability)) into the given views."""
-    dense_NxF, rank_NxT, label_draw_N = self._features(start, len(probability))
-    logit_N = self._teacher.logit(dense_NxF, rank_NxT, self._drift_angle(start, len(probability)))
+    dense_NxF, ranks, label_draw_N = self._features(start, len(probability))
+    logit_N = self._teacher.logit(dense_NxF, self._unit_rows(ranks), self._drift_angle(start, len(probability)))
     probability_N = 1.0 / (1.0 + np.exp(-logit_N.astype(np.float64)))
     batch.dense[:] = dense_NxF
-    np.take(self._zipf.id_of_rank, rank_NxT, out=batch.sparse)
+    batch.sparse[:] = _cached_or_hashed(self._head_ids, ranks, self._permutation).reshape(batch.sparse.shape)
     batch.label[:] = _open_unit(label_draw_N) < probability_N
     probability[:] = probability_N
 
 
-def _random_teacher(spec: SyntheticSpec, rank_probability: np.ndarray, rng: np.random.Generator) -> _Teacher:
-  """Unit-scale random parameters; `_calibrate` then sets every term's scale and the bias."""
-  num_rows, hidden, dim = rank_probability.size, spec.dense_hidden_units, spec.teacher_embedding_dim
-  expected_count = rank_probability * spec.shrink_reference_examples
-  shrink = (expected_count / (expected_count + spec.shrink_count)).astype(np.float32)
+def _random_teacher(spec: SyntheticSpec, rng: np.random.Generator) -> _Teacher:
+  """Unit-scale random dense parameters; `_calibrate` then sets every term's scale and the bias."""
+  hidden, dim = spec.dense_hidden_units, spec.teacher_embedding_dim
   normal = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
   return _Teacher(
     dense_mean_F=np.zeros(NUM_DENSE_FEATURES, np.float32),
@@ -275,28 +278,28 @@ def _random_teacher(spec: SyntheticSpec, rank_probability: np.ndarray, rng: np.r
     hidden_bias_H=normal(hidden),
     hidden_out_H=normal(hidden),
     cross_HxK=normal(hidden, dim),
-    rows=np.concatenate(
-      [normal(num_rows, dim) * np.sqrt(shrink)[:, None], normal(num_rows, 2) * shrink[:, None]], axis=1
-    ),
+    effect_scale_W=np.ones(dim + 2, np.float32),
   )
 
 
-def _calibrate(teacher: _Teacher, spec: SyntheticSpec, dense_NxF: np.ndarray, rank_NxT: np.ndarray) -> None:
+def _calibrate(teacher: _Teacher, spec: SyntheticSpec, dense_NxF: np.ndarray, unit_rows_NxTW: np.ndarray) -> None:
   """Standardizes the dense inputs, scales each logit term to its spec std, then sets the bias for mean_ctr."""
   teacher.dense_mean_F = dense_NxF.mean(axis=0)
   teacher.dense_std_F = np.maximum(dense_NxF.std(axis=0), 1e-3)
-  std = _term_stds(teacher, dense_NxF, rank_NxT)
+  std = _term_stds(teacher, dense_NxF, unit_rows_NxTW)
   teacher.dense_linear_F *= np.float32(spec.dense_linear_scale / std['dense_linear'])
   teacher.hidden_out_H *= np.float32(spec.dense_nonlinear_scale / std['dense_nonlinear'])
   dim = spec.teacher_embedding_dim
-  teacher.rows[:, dim:] *= np.float32(spec.first_order_scale / std['first_order'])
-  teacher.rows[:, :dim] *= np.float32(np.sqrt(spec.pairwise_scale / std['pairwise']))  # Pairwise is quadratic in v.
-  teacher.cross_HxK *= np.float32(spec.dense_cross_scale / _term_stds(teacher, dense_NxF, rank_NxT)['dense_cross'])
-  teacher.bias = _bias_for_mean(teacher.logit(dense_NxF, rank_NxT, None).astype(np.float64), spec.mean_ctr)
+  effect_scale_W = np.full(dim + 2, spec.first_order_scale / std['first_order'])
+  effect_scale_W[:dim] = np.sqrt(spec.pairwise_scale / std['pairwise'])  # Pairwise is quadratic in v.
+  teacher.effect_scale_W = effect_scale_W.astype(np.float32)
+  cross_std = _term_stds(teacher, dense_NxF, unit_rows_NxTW)['dense_cross']
+  teacher.cross_HxK *= np.float32(spec.dense_cross_scale / cross_std)
+  teacher.bias = _bias_for_mean(teacher.logit(dense_NxF, unit_rows_NxTW, None).astype(np.float64), spec.mean_ctr)
 
 
-def _term_stds(teacher: _Teacher, dense_NxF: np.ndarray, rank_NxT: np.ndarray) -> dict[str, float]:
-  terms = teacher.logit_terms(dense_NxF, rank_NxT, None)
+def _term_stds(teacher: _Teacher, dense_NxF: np.ndarray, unit_rows_NxTW: np.ndarray) -> dict[str, float]:
+  terms = teacher.logit_terms(dense_NxF, unit_rows_NxTW, None)
   return {name: max(float(np.std(term, dtype=np.float64)), 1e-12) for name, term in terms.items()}
 
 

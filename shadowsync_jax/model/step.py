@@ -78,15 +78,18 @@ def init_train_state(
 
 def init_from_config(config) -> TrainState:
   """The state of ONE replica as `config` (an ml_collections experiment config) names it, from `config.seed`: the
-  model every replica of a run, and the gba server, start from."""
+  model every replica of a run, and the gba server, start from (its table padded like a replica's, so that the two
+  read each other's checkpoints)."""
   mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
+  cardinalities = list(config.data.cardinalities)
   return init_train_state(
     jax.random.key(config.seed),
     dlrm.from_config(config.model),
-    list(config.data.cardinalities),
+    cardinalities,
     config.model.embedding_dim,
     mlp_optimizer,
     embedding_optimizer,
+    table_rows=table_placement.rows_held('replicated', sum(cardinalities), 1),
   )
 
 

@@ -26,6 +26,7 @@ import zlib
 
 import numpy as np
 
+from shadowsync_jax.data import counter_hash
 from shadowsync_jax.data import synthetic
 from shadowsync_jax.data import workers
 from shadowsync_jax.data.criteo import files
@@ -106,7 +107,7 @@ def _chunk_text(
   batch, probability = source.read_with_probability(start, count)
   counts_NxF = source.dense_counts(start, count).astype(np.int64)
   cardinality_T = np.asarray(source.spec.cardinalities, np.uint64)
-  draws = synthetic.splitmix64(
+  draws = counter_hash.splitmix64(
     np.arange(start, start + count, dtype=np.uint64)[:, None] * np.uint64(64) + np.arange(40, dtype=np.uint64),
     _MISSING_KEY,
   )

@@ -1,0 +1,62 @@
+"""A study's training job, run as a user runs it and measured from outside: its summary, wall time and peak memory.
+
+  job = jobs.run(['-m', 'experiments.train', '--workdir=W', ...], workdir)    # or '-m', 'experiments.launch', ...
+  job.summary['eval_ne'], job.wall_s, job.peak_rss_bytes, job.error    # error: the job's `error:` line, or None
+
+The peak resident memory comes from `/usr/bin/time -v` (GNU time), which waits for the command: for a launcher it
+is the largest of the launcher and the training processes it started (each process's own is in the summary,
+`peak_rss_bytes`). A job that refuses its config (exit status 2, one `error:` line) is a result, not a failure: its
+`error` says why; any other failure raises.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+from shadowsync_jax.parallel import exit_codes
+
+TIME = '/usr/bin/time'
+_PEAK = re.compile(r'Maximum resident set size \(kbytes\): (\d+)')
+
+
+@dataclasses.dataclass
+class Job:
+  summary: dict[str, Any] | None  # summary.json; None if the job refused its config.
+  wall_s: float
+  peak_rss_bytes: int | None  # Of the largest process, from outside.
+  error: str | None  # The job's `error:` line when it refused its config.
+
+
+def run(args: list[str], workdir: pathlib.Path, timeout_s: float | None = None) -> Job:
+  """`python ARGS` under `/usr/bin/time -v`; `workdir` is where its summary.json appears."""
+  if not os.access(TIME, os.X_OK):
+    raise FileNotFoundError(f'{TIME} (GNU time) measures peak memory from outside: apt-get install time')
+  started = time.perf_counter()
+  result = subprocess.run(
+    [TIME, '-v', sys.executable, *args], capture_output=True, text=True, check=False, timeout=timeout_s
+  )
+  wall_s = time.perf_counter() - started
+  peak = _PEAK.search(result.stderr)
+  peak_bytes = int(peak.group(1)) * 1024 if peak else None
+  if result.returncode == exit_codes.USAGE:
+    lines = [line for line in result.stderr.splitlines() if exit_codes.ERROR_PREFIX in line]
+    return Job(None, wall_s, peak_bytes, lines[-1].split(exit_codes.ERROR_PREFIX, 1)[1] if lines else 'usage error')
+  if result.returncode != 0:
+    sys.stdout.write(result.stdout[-3000:] + result.stderr[-3000:])
+    raise RuntimeError(f'python {" ".join(args)} failed with exit status {result.returncode}.')
+  summary = json.loads((workdir / 'summary.json').read_text())
+  return Job(summary, wall_s, peak_bytes, None)
+
+
+def fresh(workdir: pathlib.Path) -> pathlib.Path:
+  """`workdir`, emptied."""
+  shutil.rmtree(workdir, ignore_errors=True)
+  workdir.mkdir(parents=True)
+  return workdir
