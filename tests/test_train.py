@@ -153,3 +153,15 @@ def test_invalid_config_fails_before_training(tmp_path):
   with pytest.raises(config_lib.ConfigError, match='num_replicas'):
     train.train_and_evaluate(_tiny(num_replicas=16), tmp_path)
   assert not list(tmp_path.iterdir())
+
+
+def test_a_state_that_cannot_fit_is_refused_before_anything_is_allocated(tmp_path):
+  """Tables of 2 billion rows in every one of 8 replicas: the run stops at once, saying what it needs and what to
+  change (sharding them, or smaller tables), and leaves nothing behind."""
+  config = _tiny(num_replicas=8, data__cardinalities=(80_000_000,) * 26)
+  with pytest.raises(config_lib.ConfigError, match=r'needs [\d.]+ GB.*available.*sync\.embedding_placement=sharded'):
+    train.train_and_evaluate(config, tmp_path)
+  assert not list(tmp_path.iterdir())
+  config.sync.embedding_placement = 'sharded'
+  with pytest.raises(config_lib.ConfigError, match=r'data\.cardinalities'):  # 133 GB even once: still too much here.
+    train.train_and_evaluate(config, tmp_path)

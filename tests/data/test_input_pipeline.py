@@ -157,3 +157,15 @@ def test_errors_in_the_reader_reach_the_consumer():
   assert next(batches).label.shape == (2, 5)
   with pytest.raises(RuntimeError, match='disk gone'):
     list(batches)
+
+
+def test_an_id_past_its_table_is_named_with_its_example():
+  """Data whose ids do not fit `data.cardinalities` (here: a stream of 50-row tables read into 40-row ones) stops
+  at the first such id, naming the example, the table and its rows, instead of training on other rows."""
+  stream = synthetic.SyntheticSource(synthetic.SyntheticSpec(seed=1, cardinalities=(50,) * 26))
+  checked = input_pipeline.StreamSlice(stream, 100, 1000, cardinalities=(40,) * 26)
+  with pytest.raises(ValueError, match=r'example \d+ of the data has id 4\d in table \d+ .*40 rows'):
+    checked.read(0, 1000)
+  np.testing.assert_array_equal(
+    input_pipeline.StreamSlice(stream, 100, 1000, (50,) * 26).read(0, 5).sparse, stream.read(100, 5).sparse
+  )
