@@ -9,7 +9,9 @@ straggler (process 1 `--slowdown` times slower), on the default config: checkpoi
 says otherwise. Prints a markdown table: per-process examples/sec, the fast process's examples/sec relative to the
 same algorithm without the straggler, eval NE and AUC; writes it with the raw summaries to `--out`. Targets: under
 `none` and the shadow algorithms the fast process keeps at least 0.9 of its examples/sec, while under sync_sgd it
-falls to about the straggler's pace.
+falls to about the straggler's pace. An algorithm written `ALGORITHM@PLACEMENT` also sets
+`sync.embedding_placement` (e.g. `shadow_ma@sharded`: the tables sharded over the two processes, so every lookup
+is a collective of both).
 """
 
 import io
@@ -40,7 +42,10 @@ FLAGS = flags.FLAGS
 
 def run_job(workdir: pathlib.Path, algorithm: str, slowdown: float) -> dict:
   """One 2-process job; its summary.json (raises with the job's output if it failed)."""
+  algorithm, _, placement = algorithm.partition('@')
   train_flags = [f'--workdir={workdir}', f'--config.sync.algorithm={algorithm}', '--config.train.progress_every_s=30']
+  if placement:
+    train_flags.append(f'--config.sync.embedding_placement={placement}')
   if FLAGS.num_train_examples:
     train_flags.append(f'--config.data.num_train_examples={FLAGS.num_train_examples}')
   if FLAGS.min_interval_s is not None:
@@ -69,7 +74,7 @@ def table(results: dict[tuple[str, float], dict]) -> str:
     '|---|---|---|---|---|---|---|---|---|',
   ]
   for (algorithm, slowdown), summary in results.items():
-    fast, slow = summary['examples_per_sec_per_process']
+    fast, slow = summary['examples_per_sec_per_process']  # `algorithm` may say its placement: ALGORITHM@PLACEMENT.
     baseline = results[(algorithm, 1.0)]['examples_per_sec_per_process'][0]
     gap = summary['mean_sync_gap']
     lines.append(

@@ -75,7 +75,9 @@ class RealFailures:
     self._generation = control.generation()
     self._writer = f'process_{self._process}'
     algorithm = config.sync.algorithm
-    self._lock_step = algorithm == 'sync_sgd' or algorithm.startswith('fr_')
+    # Processes that step together (a collective every step or every k) restore a common cut after a restart.
+    sharded = config.sync.embedding_placement == 'sharded'
+    self._lock_step = algorithm == 'sync_sgd' or algorithm.startswith('fr_') or sharded
     self._choice: cost_model.Choice | None = None
     self.mode = self._decided_mode()
     keep_older = self.mode == 'full' or self.requested_mode == 'cpr' or self._lock_step  # A common cut may need them.

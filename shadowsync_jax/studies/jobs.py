@@ -45,9 +45,10 @@ def run(args: list[str], workdir: pathlib.Path, timeout_s: float | None = None) 
   wall_s = time.perf_counter() - started
   peak = _PEAK.search(result.stderr)
   peak_bytes = int(peak.group(1)) * 1024 if peak else None
-  if result.returncode == exit_codes.USAGE:
-    lines = [line for line in result.stderr.splitlines() if exit_codes.ERROR_PREFIX in line]
-    return Job(None, wall_s, peak_bytes, lines[-1].split(exit_codes.ERROR_PREFIX, 1)[1] if lines else 'usage error')
+  if result.returncode == exit_codes.USAGE:  # The binary's line on stderr; a launcher's, of a process, on stdout.
+    output = (result.stderr + result.stdout).splitlines()
+    lines = [line for line in output if exit_codes.ERROR_PREFIX in line]
+    return Job(None, wall_s, peak_bytes, lines[0].split(exit_codes.ERROR_PREFIX, 1)[1] if lines else 'usage error')
   if result.returncode != 0:
     sys.stdout.write(result.stdout[-3000:] + result.stderr[-3000:])
     raise RuntimeError(f'python {" ".join(args)} failed with exit status {result.returncode}.')

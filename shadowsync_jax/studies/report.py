@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 import json
 import pathlib
 import re
+import shlex
 import sys
 from typing import Any
 
@@ -29,7 +30,7 @@ def command_line() -> str:
   """The command this process was started with, as `python -m module flags...`."""
   module = pathlib.Path(sys.argv[0]).with_suffix('')
   parts = module.parts[-2:] if module.parts[-2:-1] in (('experiments',), ('benchmarks',)) else module.parts[-1:]
-  return ' '.join(['python -m', '.'.join(parts), *sys.argv[1:]])
+  return ' '.join(['python -m', '.'.join(parts), *map(shlex.quote, sys.argv[1:])])
 
 
 def write(
@@ -59,6 +60,18 @@ def write(
   out.write_text('\n\n'.join(parts) + '\n')
   refresh_docs(docs_dir, only=out)
   return out
+
+
+def read_rows(out: str | pathlib.Path) -> Any:
+  """The raw summaries a result file holds (what `write` was given as `rows`, configs left out)."""
+  text = pathlib.Path(out).read_text()
+  return json.loads(text.split('```json\n', 1)[1].split('\n```', 1)[0])
+
+
+def command_of(out: str | pathlib.Path) -> str:
+  """The command a result file says wrote it (the first line in backticks after its title)."""
+  text = pathlib.Path(out).read_text()
+  return text.split('\n\n', 1)[1].split('\n\n', 1)[0].strip().strip('`')
 
 
 def shown_in_docs(result_text: str) -> str:

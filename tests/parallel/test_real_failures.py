@@ -55,19 +55,25 @@ def _starts(workdir: pathlib.Path, generation: int) -> dict[int, dict]:
   return {r['process']: r for r in history.read(workdir) if r.get('event') == 'start' and r['generation'] == generation}
 
 
+_SHARDED_FR_MA = ('--config.sync.algorithm=fr_ma', '--config.sync.embedding_placement=sharded')
+
+
 @pytest.fixture(scope='module')
 def failure_free(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('failure_free')
-  code, output = _launch(workdir, '--config.sync.algorithm=fr_ma', '--config.recovery.mode=full')
+  code, output = _launch(workdir, *_SHARDED_FR_MA, '--config.recovery.mode=full')
   assert code == 0, output[-3000:]
   return json.loads((workdir / 'summary.json').read_text())
 
 
 @pytest.mark.slow  # Three starts of a 2-process job.
 def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failure_free_model(tmp_path, failure_free):
+  """The tables sharded over both processes, so each death loses real shards and leaves the survivor stuck in a
+  lookup's collective until the launcher stops it: both restart from the newest checkpoint both have, each
+  restoring its own shards, and end with the model of the run that never failed."""
   code, output = _launch(
     tmp_path,
-    '--config.sync.algorithm=fr_ma',
+    *_SHARDED_FR_MA,
     '--config.recovery.mode=full',
     # Both at a checkpoint step, right after its save started: the kills land in the middle of an async write.
     launcher_flags=('--max_restarts=2', '--kill_at=1@48,0@96'),
