@@ -54,7 +54,7 @@ def _config(algorithm: str, steps: int):
   config.sync.what = FLAGS.what
   config.sync.embedding_placement = FLAGS.embedding_placement
   config.data.num_train_examples = steps * FLAGS.num_replicas * config.batch_size
-  return config
+  return config_lib.resolve(config)  # The held-out length of 0: the whole held-out set.
 
 
 def _changed_settings(config) -> str:

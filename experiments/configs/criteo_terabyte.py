@@ -17,6 +17,7 @@ machines that hold 105 GB between them, and `dim16` trains here, on 8 replicas a
   python -m experiments.launch --num_processes=2 --cpu_devices=4 -- --workdir=/tmp/terabyte16 \
       --config=experiments/configs/criteo_terabyte.py:dim16 --config.data.source=synthetic \
       --config.data.num_train_examples=2000000 --config.data.num_eval_examples=200000
+
 The real files cannot be downloaded on the project's machines, so no figure of the real data is claimed here;
 MLPerf's quality target is AUC 0.8025 (v1 DLRM).
 
