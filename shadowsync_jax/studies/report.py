@@ -1,4 +1,5 @@
-"""A study's result file: its title, the command that produced it, the table, and the raw summaries as JSON.
+"""A study's result file: its title, the command that produced it, where and when it ran (the commit, whether the
+tree was clean, the date, the machine's cores and load: `provenance`), the table, and the raw summaries as JSON.
 
   report.write('benchmarks/results/gba_study.md', 'GBA study', command, table, rows, root=workdir)
 
@@ -21,6 +22,8 @@ import re
 import shlex
 import sys
 from typing import Any
+
+from shadowsync_jax.studies import provenance
 
 DOCS_DIR = pathlib.Path('docs')  # Relative to the repository root, where the study binaries run.
 _BLOCK = re.compile(r'(<!-- results: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /results -->)', re.S)
@@ -47,13 +50,16 @@ def write(
   docs pages under `docs_dir` that embed `out` are refreshed."""
   strip = lambda summary: {k: v for k, v in summary.items() if k != 'config'}
   raw = {k: strip(v) for k, v in rows.items()} if isinstance(rows, Mapping) else [strip(r) for r in rows]
+  record = provenance.collect(command)
   parts = [
     f'# {title}',
     f'`{command}`',
+    provenance.line(record),
     *([note] if note else []),
     table,
     *([f'Runs in {root}.'] if root is not None else []),
     f'<details><summary>raw summaries</summary>\n\n```json\n{json.dumps(raw, indent=1, default=str)}\n```\n</details>',
+    provenance.comment(record),
   ]
   out = pathlib.Path(out)
   out.parent.mkdir(parents=True, exist_ok=True)

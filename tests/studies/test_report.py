@@ -19,7 +19,11 @@ def test_written_file_has_title_command_table_and_raw_summaries_without_config(t
     root='/tmp/runs',
   )
   text = out.read_text()
-  assert text.startswith('# A study\n\n`python -m x --y=1`\n\n8 replicas\n\n| a |\n|---|\n\nRuns in /tmp/runs.')
+  assert re.match(
+    r'# A study\n\n`python -m x --y=1`\n\nWritten [^\n]+ UTC at commit [^\n]+\n\n8 replicas\n\n\| a \|\n\|---\|\n\n'
+    r'Runs in /tmp/runs\.',
+    text,
+  ), text[:400]
   raw = json.loads(re.search(r'```json\n(.*)\n```', text, re.S).group(1))
   assert raw == [{'label': 'none', 'eval_ne': 0.91}, {'label': 'gba', 'eval_ne': 0.92}]
 
@@ -50,6 +54,9 @@ def test_writing_a_result_refreshes_the_docs_blocks_that_embed_it_and_no_other(t
     tmp_path / 'results' / 'a.md', 'A', 'python -m a', '| x |\n|---|\n| 1 |', [], root='/r', docs_dir=docs
   )
   text = page.read_text()
-  assert '<!-- results: results/a.md -->\n`python -m a`\n\n| x |\n|---|\n| 1 |\n<!-- /results -->' in text
+  assert re.search(
+    r'<!-- results: results/a.md -->\n`python -m a`\n\nWritten [^\n]+\n\n\| x \|\n\|---\|\n\| 1 \|\n<!-- /results -->',
+    text,
+  ), text
   assert '<!-- results: results/b.md -->\nother\n<!-- /results -->' in text  # Not written: left as it was.
   assert text.startswith('Reading.') and text.endswith('End.\n') and 'Runs in' not in text

@@ -1,0 +1,115 @@
+"""Where a result came from: the command, the commit and whether the tree was clean, the date, the machine, and the
+code it measures, as a study's result file records them (`report.write`).
+
+  record = provenance.collect('python -m benchmarks.throughput')
+  provenance.line(record)      # 'Written 2026-11-26 09:30 UTC at commit 1a2b3c4 (clean tree), on 2 cores ...'
+  provenance.comment(record)   # '<!-- provenance: {...} -->': the same, for `staleness`
+  provenance.read(text)        # the record a result file holds, or None (written before records were kept)
+
+The code a result measures is every file of the repository whose module the study's process loaded, with its git
+blob hash as it was when the result was written (uncommitted edits included), and, when the study ran jobs of
+their own processes (`studies.jobs`, `parallel.supervisor`), every file of the library and the binaries: what a
+change must touch to change the result. The machine's load is read when this module is imported (a study binary
+imports it at its start) and again when the record is made.
+"""
+
+import datetime
+import json
+import os
+import pathlib
+import platform
+import re
+import subprocess
+import sys
+from typing import Any
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+LOAD_AT_START = os.getloadavg()
+# Modules whose studies run jobs in processes of their own: those import the whole library and its binaries.
+_JOB_RUNNERS = ('shadowsync_jax.studies.jobs', 'shadowsync_jax.parallel.supervisor')
+_JOB_CODE = ('shadowsync_jax', 'experiments')
+_COMMENT = re.compile(r'<!-- provenance: (?P<json>\{.*?\}) -->', re.S)
+
+
+def git(*args: str, repo: pathlib.Path = REPO_ROOT) -> str:
+  """The output of a git command in `repo` (raises CalledProcessError, or OSError without git)."""
+  return subprocess.run(['git', *args], cwd=repo, capture_output=True, text=True, check=True).stdout
+
+
+def measured_files(repo: pathlib.Path = REPO_ROOT, modules: dict[str, Any] | None = None) -> list[str]:
+  """Repository-relative paths of the Python files the study's result depends on (module docstring)."""
+  modules = sys.modules if modules is None else modules
+  files = set()
+  for module in list(modules.values()):
+    path = getattr(module, '__file__', None)
+    if path and pathlib.Path(path).resolve().is_relative_to(repo):
+      files.add(pathlib.Path(path).resolve().relative_to(repo).as_posix())
+  if any(name in modules for name in _JOB_RUNNERS):
+    for top in _JOB_CODE:
+      files.update(p.relative_to(repo).as_posix() for p in (repo / top).rglob('*.py'))
+  tracked = set(git('ls-files', '--', *sorted(files), repo=repo).split()) if files else set()
+  return sorted(files & tracked)
+
+
+def blob_hashes(paths: list[str], repo: pathlib.Path = REPO_ROOT) -> dict[str, str]:
+  """Each path's git blob hash as the file is now (what `git hash-object` gives; a missing file: '')."""
+  present = [p for p in paths if (repo / p).exists()]
+  hashes = dict(zip(present, git('hash-object', '--', *present, repo=repo).split())) if present else {}
+  return {p: hashes.get(p, '') for p in paths}
+
+
+def collect(command: str, repo: pathlib.Path = REPO_ROOT, modules: dict[str, Any] | None = None) -> dict[str, Any]:
+  """The record of a result written now by `command` (module docstring). Outside a git checkout the commit and
+  the measured files are None and empty, and the line says so."""
+  try:
+    commit = git('rev-parse', 'HEAD', repo=repo).strip()
+    changed = [line[3:] for line in git('status', '--porcelain', '--untracked-files=no', repo=repo).splitlines()]
+    measured = blob_hashes(measured_files(repo, modules), repo)
+  except (OSError, subprocess.CalledProcessError):
+    commit, changed, measured = None, [], {}
+  return {
+    'command': command,
+    'commit': commit,
+    'tree_clean': not changed,
+    'uncommitted_files': changed,
+    'date_utc': datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M'),
+    'host': platform.node(),
+    'cores': os.cpu_count(),
+    'load_at_start': [round(x, 2) for x in LOAD_AT_START],
+    'load_at_end': [round(x, 2) for x in os.getloadavg()],
+    'python': platform.python_version(),
+    'jax': _version('jax'),
+    'measures': measured,
+  }
+
+
+def _version(package: str) -> str | None:
+  try:
+    from importlib import metadata  # pylint: disable=g-import-not-at-top
+
+    return metadata.version(package)
+  except Exception:  # pylint: disable=broad-except  (a study without that package installed)
+    return None
+
+
+def line(record: dict[str, Any]) -> str:
+  """One sentence for the reader: when, at which commit, on what machine."""
+  tree = (
+    'clean tree' if record['tree_clean'] else f'{len(record["uncommitted_files"])} file(s) changed and not committed'
+  )
+  where = 'outside a git checkout' if record['commit'] is None else f'at commit {record["commit"][:10]} ({tree})'
+  return (
+    f'Written {record["date_utc"]} UTC {where}, on {record["cores"]} cores '
+    f'(load average {record["load_at_start"][0]:.1f} at the start, {record["load_at_end"][0]:.1f} at the end); '
+    f'Python {record["python"]}, jax {record["jax"]}.'
+  )
+
+
+def comment(record: dict[str, Any]) -> str:
+  return f'<!-- provenance: {json.dumps(record, sort_keys=True)} -->'
+
+
+def read(text: str) -> dict[str, Any] | None:
+  """The record a result file's text holds, or None."""
+  match = _COMMENT.search(text)
+  return None if match is None else json.loads(match.group('json'))

@@ -1,0 +1,93 @@
+"""Every result file says where it came from (`provenance`), and `staleness` finds those whose measured code has
+changed since, on a scratch git repository."""
+
+import os
+import pathlib
+import subprocess
+import types
+
+from shadowsync_jax.studies import provenance
+from shadowsync_jax.studies import report
+from shadowsync_jax.studies import staleness
+
+_GIT_ENV = {
+  'GIT_AUTHOR_NAME': 't',
+  'GIT_AUTHOR_EMAIL': 't@t',
+  'GIT_COMMITTER_NAME': 't',
+  'GIT_COMMITTER_EMAIL': 't@t',
+}
+
+
+def _git(repo: pathlib.Path, *args: str) -> str:
+  env = {**os.environ, **_GIT_ENV}
+  return subprocess.run(['git', *args], cwd=repo, env=env, capture_output=True, text=True, check=True).stdout
+
+
+def _commit(repo: pathlib.Path, message: str) -> None:
+  _git(repo, 'add', '-A')
+  _git(repo, 'commit', '-q', '-m', message)
+
+
+def test_a_result_file_records_its_command_commit_machine_and_measured_code(tmp_path):
+  out = report.write(
+    tmp_path / 'r.md',
+    'A study',
+    'python -m benchmarks.x --flag',
+    '| a |\n|---|',
+    [{'a': 1}],
+    docs_dir=tmp_path / 'no_docs',
+  )
+  text = out.read_text()
+  record = provenance.read(text)
+  head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=provenance.REPO_ROOT, capture_output=True, text=True)
+  assert record['commit'] == head.stdout.strip() and record['command'] == 'python -m benchmarks.x --flag'
+  assert record['cores'] == os.cpu_count() and len(record['load_at_start']) == 3 and record['date_utc']
+  # The code the writing process ran, with its content then.
+  assert (
+    record['measures']['shadowsync_jax/studies/report.py']
+    == provenance.blob_hashes(['shadowsync_jax/studies/report.py'])['shadowsync_jax/studies/report.py']
+  )
+  shown = report.shown_in_docs(text)
+  assert provenance.line(record) in shown and '<!-- provenance' not in shown  # Docs show the sentence only.
+  assert report.read_rows(out) == [{'a': 1}]
+
+
+def test_a_result_goes_stale_when_code_it_measures_changes_and_says_which_commits(tmp_path):
+  repo = tmp_path / 'repo'
+  (repo / 'lib').mkdir(parents=True)
+  (repo / 'lib' / 'measured.py').write_text('X = 1\n')
+  (repo / 'lib' / 'other.py').write_text('Y = 1\n')
+  _git(repo, 'init', '-q')
+  _commit(repo, 'first')
+  modules = {'lib.measured': types.SimpleNamespace(__file__=str(repo / 'lib' / 'measured.py'))}
+  record = provenance.collect('python -m study', repo=repo, modules=modules)
+  assert record['tree_clean'] and list(record['measures']) == ['lib/measured.py']
+  (repo / 'results').mkdir()
+  (repo / 'results' / 'r.md').write_text(f'# R\n\n`python -m study`\n\n{provenance.comment(record)}\n')
+  _commit(repo, 'the result')
+  (repo / 'lib' / 'other.py').write_text('Y = 2\n')
+  _commit(repo, 'an unmeasured change')
+  assert not staleness.entry(repo / 'results' / 'r.md', repo).stale
+  (repo / 'lib' / 'measured.py').write_text('X = 2\n')
+  e = staleness.entry(repo / 'results' / 'r.md', repo)
+  assert e.stale and e.changed_files == ('lib/measured.py',) and e.commits == ()  # Not committed yet.
+  _commit(repo, 'a measured change')
+  e = staleness.entry(repo / 'results' / 'r.md', repo)
+  assert e.recorded and e.changed_files == ('lib/measured.py',)
+  assert [c.split(' ', 2)[2] for c in e.commits] == ['a measured change'], e.commits
+  assert 'STALE' in staleness.describe(e) and 'a measured change' in staleness.describe(e)
+
+
+def test_a_result_without_a_record_is_read_against_the_whole_library(tmp_path):
+  repo = tmp_path / 'repo'
+  (repo / 'shadowsync_jax').mkdir(parents=True)
+  (repo / 'shadowsync_jax' / 'a.py').write_text('A = 1\n')
+  (repo / 'results').mkdir()
+  (repo / 'results' / 'old.md').write_text('# Old\n\n`python -m study`\n')
+  _git(repo, 'init', '-q')
+  _commit(repo, 'old result')
+  assert not staleness.entry(repo / 'results' / 'old.md', repo).stale
+  (repo / 'shadowsync_jax' / 'a.py').write_text('A = 2\n')
+  _commit(repo, 'library change')
+  (e,) = staleness.check('results', repo)
+  assert e.stale and not e.recorded and e.changed_files == ('shadowsync_jax/a.py',) and len(e.commits) == 1
