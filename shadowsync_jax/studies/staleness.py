@@ -77,7 +77,7 @@ def describe(e: Entry, max_commits: int = 8) -> str:
     f'{e.path}: STALE ({how}; written at {e.commit[:10]}): {len(e.changed_files)} measured file(s) changed since, '
     f'by {len(e.commits)} commit(s)' + ('' if e.commits else ' (uncommitted edits)')
   ]
-  lines += [f'    {c}' for c in e.commits[:max_commits]]
+  lines += [f'    {c[:110]}' + ('...' if len(c) > 110 else '') for c in e.commits[:max_commits]]
   if len(e.commits) > max_commits:
     lines.append(f'    ... and {len(e.commits) - max_commits} more')
   return '\n'.join(lines)
