@@ -6,15 +6,17 @@
 Every program a run compiles (the train step, the rounds, the evaluation) is written to
 `DIRECTORY/process_{p}` and read back by the next start of the same process: a job restarted after a failure
 loads its programs instead of compiling them. JAX 0.10 writes cache entries from process 0 only (a program's key
-holds its devices on CPU, so the others would never hit), so the write is replaced by one that any process makes,
-each into a directory of its own (no two writers on one file). `experiments.train` enables it in the workdir by
-default (`--compilation_cache_dir`; `$JAX_COMPILATION_CACHE_DIR` where that is set: `directory_for`).
+holds its devices on CPU, so the others would never hit), so the write is replaced by one that any process makes
+(`private_apis`), each into a directory of its own (no two writers on one file). `experiments.train` enables it
+in the workdir by default (`--compilation_cache_dir`; `$JAX_COMPILATION_CACHE_DIR` where that is set:
+`directory_for`).
 """
 
 import pathlib
-import warnings
 
 import jax
+
+from shadowsync_jax.parallel import private_apis
 
 
 def directory_for(flag_value: str | None, default: str) -> str:
@@ -27,21 +29,10 @@ def directory_for(flag_value: str | None, default: str) -> str:
 
 def enable(directory: str | pathlib.Path, process_id: int = 0) -> pathlib.Path:
   """Caches every compiled program of this process in `directory/process_{process_id}`; returns that directory."""
-  from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
-  from jax._src import compiler  # pylint: disable=g-import-not-at-top
-
   path = pathlib.Path(directory).absolute() / f'process_{process_id}'
   jax.config.update('jax_compilation_cache_dir', str(path))
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', -1)
 
-  def write_from_any_process(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
-    if host_callbacks:  # As JAX's own write: a program with host callbacks is not cached.
-      return
-    try:
-      compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend, int(compile_time_secs))
-    except Exception as error:  # pylint: disable=broad-except  (a cache that cannot be written only costs time)
-      warnings.warn(f'could not write the compilation cache entry of {module_name!r}: {error}', stacklevel=2)
-
-  compiler._cache_write = write_from_any_process  # pylint: disable=protected-access
+  private_apis.cache_writes_from_any_process()
   return path

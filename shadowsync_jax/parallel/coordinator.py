@@ -16,16 +16,14 @@ import signal
 import sys
 import threading
 
+from shadowsync_jax.parallel import private_apis
+
 READY = 'ready'
 
 
 def serve(port: int, num_processes: int, heartbeat_timeout_s: int, out=sys.stdout) -> None:
   """Runs the service on every address of this host at `port` until SIGTERM or SIGINT; says READY once up."""
-  from jaxlib import _jax  # pylint: disable=g-import-not-at-top  (jaxlib alone: fast)
-
-  service = _jax.get_distributed_runtime_service(
-    f'[::]:{port}', num_processes, heartbeat_timeout=heartbeat_timeout_s, shutdown_timeout=5, recoverable=True
-  )
+  service = private_apis.coordination_service(port, num_processes, heartbeat_timeout_s)
   stop = threading.Event()
   for sig in (signal.SIGTERM, signal.SIGINT):
     signal.signal(sig, lambda *_: stop.set())

@@ -25,7 +25,6 @@ ended by the watchdog with that code.
 """
 
 from collections.abc import Callable
-import functools
 import json
 import os
 import signal
@@ -37,6 +36,7 @@ import jax
 
 from shadowsync_jax.parallel import exit_codes
 from shadowsync_jax.parallel import network
+from shadowsync_jax.parallel import private_apis
 
 PEER_LOST_EXIT_CODE = exit_codes.PEER_LOST
 _HEARTBEAT_S = 1.0
@@ -67,7 +67,7 @@ def initialize(
     raise ValueError(f'peer_timeout_s={peer_timeout_s} must be at least {2 * _HEARTBEAT_S} s.')
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.config.update('jax_enable_preemption_service', False)  # Preemption is SIGTERM here (`_on_sigterm`).
-  _bind_gloo_to(network.local_address_towards(coordinator_address))
+  private_apis.bind_gloo_to(network.local_address_towards(coordinator_address))
   # JAX's own liveness check ends the process with a fatal log; ours, faster, says which peer and why.
   heartbeat_timeout_s = int(3 * peer_timeout_s) + 10
   if start_service:
@@ -75,35 +75,12 @@ def initialize(
       coordinator_address, num_processes, process_id, heartbeat_timeout_seconds=heartbeat_timeout_s
     )
   else:
-    _connect_client(coordinator_address, num_processes, process_id, heartbeat_timeout_s)
-  _watchdog = _PeerWatchdog(_client(), process_id, num_processes, peer_timeout_s, coordinator_address)
+    private_apis.connect_client(coordinator_address, num_processes, process_id, heartbeat_timeout_s)
+  _watchdog = _PeerWatchdog(
+    private_apis.distributed_client(), process_id, num_processes, peer_timeout_s, coordinator_address
+  )
   _watchdog.start()
   _watch_for_sigterm()
-
-
-def _connect_client(coordinator_address: str, num_processes: int, process_id: int, heartbeat_timeout_s: int) -> None:
-  """What `jax.distributed.initialize` does for a process other than 0: a client of a service run elsewhere."""
-  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
-
-  state = jax_distributed.global_state
-  if state.client is not None:
-    raise RuntimeError('distributed.initialize should only be called once.')
-  state.coordinator_address, state.process_id, state.num_processes = coordinator_address, process_id, num_processes
-  state.client = _jax.get_distributed_runtime_client(
-    coordinator_address, process_id, init_timeout=300, use_compression=True, heartbeat_timeout=heartbeat_timeout_s
-  )
-  state.client.connect()
-
-
-def _bind_gloo_to(address: str) -> None:
-  """JAX makes gloo's collectives without a hostname, so gloo looks up this machine's name, which may resolve to
-  127.0.0.1 (every process then dials its own loopback): give it the address that reaches the peers. Before the
-  CPU backend exists (it is made at the first use of a device)."""
-  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
-
-  original = getattr(_jax.make_gloo_tcp_collectives, 'func', _jax.make_gloo_tcp_collectives)
-  _jax.make_gloo_tcp_collectives = functools.partial(original, hostname=address)
 
 
 def active() -> bool:
@@ -149,7 +126,7 @@ def exchange(name: str, value: Any) -> list[Any]:
   A synchronization point of the job, through the coordination service (no collective)."""
   if _watchdog is None:
     return [value]
-  client, process_id = _client(), _watchdog.process_id
+  client, process_id = private_apis.distributed_client(), _watchdog.process_id
   client.key_value_set(f'{_PREFIX}/exchange/{name}/{process_id}', json.dumps(value))
   return [
     json.loads(client.blocking_key_value_get(f'{_PREFIX}/exchange/{name}/{p}', _EXCHANGE_TIMEOUT_MS))
@@ -164,7 +141,7 @@ def wait_for_every_process(name: str) -> None:
   a peer 30 s to join a new group)."""
   if _watchdog is None:
     return
-  client = _client()
+  client = private_apis.distributed_client()
   client.key_value_set(f'{_PREFIX}/barrier/{name}/{_watchdog.process_id}', '1')
   for process in range(_watchdog.num_processes):
     while _watchdog._try_get(f'{_PREFIX}/barrier/{name}/{process}') is None:  # pylint: disable=protected-access
@@ -214,12 +191,6 @@ def finish() -> None:
   _watchdog.finish()
   _watchdog = None
   jax.distributed.shutdown()
-
-
-def _client():
-  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-
-  return jax_distributed.global_state.client
 
 
 def _watch_for_sigterm() -> None:

@@ -22,6 +22,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from shadowsync_jax.parallel import private_apis
 from shadowsync_jax.parallel import replicas
 
 NET_DEV = '/proc/self/net/dev'  # This process's network namespace, also under `ip netns exec` or setns.
@@ -59,9 +60,7 @@ def coordinator_address() -> str | None:
   """The job's coordinator ('host:port'), or None in a one-process run."""
   if jax.process_count() == 1:
     return None
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top  (jax.distributed keeps it private)
-
-  return distributed.global_state.coordinator_address
+  return private_apis.coordinator_address()
 
 
 class TrafficCounter:

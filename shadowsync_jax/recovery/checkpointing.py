@@ -50,9 +50,9 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint import type_handlers
-from orbax.checkpoint._src.futures import signaling_client
 
 from shadowsync_jax.parallel import memory
+from shadowsync_jax.parallel import private_apis
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import row_blocks
 
@@ -61,10 +61,6 @@ PyTree = Any
 SKIPPED = ocp.PLACEHOLDER  # A leaf `restore_partial` does not read (in its argument and in what it returns).
 ASYNC_SAVE_MAX_BYTES = 256 << 20  # A larger state (this process's part) is saved blocking, without a copy.
 LARGE_LEAF_BYTES = 1 << 20  # In a blocking save, leaves from this size on go by blocks of rows (`row_blocks`).
-
-# Orbax's save futures look for signals in the coordinator's key-value store; a process's own saves need none, and
-# the store may be gone with a dead coordinator while a survivor saves its live state: keep them in the process.
-signaling_client.get_signaling_client = signaling_client.ThreadSafeKeyValueSignalingClient
 
 
 class _WithoutSizeLogging(logging.Filter):
@@ -87,6 +83,9 @@ class Checkpointer:
     every_steps: int = 0,
     max_to_keep: int | None = 2,
   ):
+    # Orbax's save futures look for signals in the coordinator's key-value store; a process's own saves need none,
+    # and the store may be gone with a dead coordinator while a survivor saves its live state: keep them here.
+    private_apis.orbax_signals_in_process()
     self._every_steps, self._meshes = every_steps, meshes
     process = jax.process_index()
     self.directory = pathlib.Path(directory).absolute() / f'process_{process}'

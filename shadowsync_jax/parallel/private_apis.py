@@ -1,0 +1,134 @@
+"""Every use of a private module of jax, jaxlib or orbax, in one place, for the versions it was written for.
+
+  private_apis.connect_client(address, num_processes, process_id, heartbeat_timeout_s)   # a client, no service
+  private_apis.distributed_client()         # the job's client: its key-value store (the watchdog's heartbeats)
+  private_apis.coordinator_address()        # 'host:port' of the job's coordinator, or None
+  private_apis.bind_gloo_to(address)        # gloo's collectives on the address that reaches the peers
+  private_apis.cache_writes_from_any_process()   # the persistent compilation cache written by every process
+  private_apis.orbax_signals_in_process()   # orbax's save futures without the coordinator's key-value store
+  private_apis.coordination_service(port, num_processes, heartbeat_timeout_s)   # jaxlib alone, no jax
+
+What they do that no public API does (jax 0.10.2, orbax-checkpoint 0.12.8):
+- `jax.distributed.initialize` starts the coordination service inside process 0, and a service that dies with
+  process 0 takes every other process down with it: the job runs the service in a process of its own
+  (`coordinator`) and every trainer connects as a client only (`connect_client`), through the client constructor
+  and `global_state` of `jax._src.distributed`; the watchdog's heartbeats use that client's key-value store.
+- gloo's TCP collectives are made without a hostname, so gloo resolves this machine's name (127.0.0.1 on many
+  machines) and every process dials its own loopback: `bind_gloo_to` gives them the address towards the peers.
+- JAX writes compilation cache entries from process 0 only; a restarted process of another index would compile
+  everything again: `cache_writes_from_any_process` replaces the writer (`jax._src.compiler._cache_write`).
+- orbax's save futures look for signals in the coordinator's key-value store, which may be gone with a dead
+  coordinator while a survivor saves its live state: `orbax_signals_in_process` keeps them in the process.
+
+Nothing here runs at import: each patch is made by the call that needs it, once. `check_versions` says which
+installed versions differ from those above; the first call of any function here warns once when one does, and
+tests/parallel/test_private_apis.py fails when a symbol used here changes its name or parameters.
+"""
+
+import functools
+import importlib.metadata
+from typing import Any
+import warnings
+
+WRITTEN_FOR = {'jax': '0.10.2', 'jaxlib': '0.10.2', 'orbax-checkpoint': '0.12.8'}
+
+
+def check_versions() -> list[str]:
+  """One line for each package whose installed version is not the one this module was written for."""
+  lines = []
+  for package, version in WRITTEN_FOR.items():
+    try:
+      installed = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+      continue
+    if installed != version:
+      lines.append(
+        f'{package} {installed} is installed; shadowsync_jax/parallel/private_apis.py was written for {version} '
+        'and uses its private modules: run tests/parallel/test_private_apis.py'
+      )
+  return lines
+
+
+@functools.cache
+def _warn_once_if_other_versions() -> None:
+  for line in check_versions():
+    warnings.warn(line, stacklevel=3)
+
+
+def connect_client(coordinator_address: str, num_processes: int, process_id: int, heartbeat_timeout_s: int) -> None:
+  """What `jax.distributed.initialize` does for a process other than 0: a client of a service run elsewhere, set as
+  the job's client (`jax.distributed.shutdown` and the collectives then use it)."""
+  _warn_once_if_other_versions()
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+
+  state = jax_distributed.global_state
+  if state.client is not None:
+    raise RuntimeError('distributed.initialize should only be called once.')
+  state.coordinator_address, state.process_id, state.num_processes = coordinator_address, process_id, num_processes
+  state.client = _jax.get_distributed_runtime_client(
+    coordinator_address, process_id, init_timeout=300, use_compression=True, heartbeat_timeout=heartbeat_timeout_s
+  )
+  state.client.connect()
+
+
+def distributed_client() -> Any:
+  """The job's distributed runtime client (None before `jax.distributed.initialize` or `connect_client`)."""
+  _warn_once_if_other_versions()
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+
+  return jax_distributed.global_state.client
+
+
+def coordinator_address() -> str | None:
+  """The job's coordinator address, 'host:port' (None before the job is set up)."""
+  _warn_once_if_other_versions()
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+
+  return jax_distributed.global_state.coordinator_address
+
+
+def bind_gloo_to(address: str) -> None:
+  """gloo's collectives made with `address` as their hostname; before the CPU backend exists (it is made at the
+  first use of a device)."""
+  _warn_once_if_other_versions()
+  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+
+  original = getattr(_jax.make_gloo_tcp_collectives, 'func', _jax.make_gloo_tcp_collectives)
+  _jax.make_gloo_tcp_collectives = functools.partial(original, hostname=address)
+
+
+def cache_writes_from_any_process() -> None:
+  """Every process writes the programs it compiles to its persistent compilation cache (JAX: process 0 only)."""
+  _warn_once_if_other_versions()
+  from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
+  from jax._src import compiler  # pylint: disable=g-import-not-at-top
+
+  def write_from_any_process(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
+    if host_callbacks:  # As JAX's own write: a program with host callbacks is not cached.
+      return
+    try:
+      compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend, int(compile_time_secs))
+    except Exception as error:  # pylint: disable=broad-except  (a cache that cannot be written only costs time)
+      warnings.warn(f'could not write the compilation cache entry of {module_name!r}: {error}', stacklevel=2)
+
+  compiler._cache_write = write_from_any_process  # pylint: disable=protected-access
+
+
+def orbax_signals_in_process() -> None:
+  """orbax's save futures signal within the process, not through the coordinator's key-value store."""
+  _warn_once_if_other_versions()
+  from orbax.checkpoint._src.futures import signaling_client  # pylint: disable=g-import-not-at-top
+
+  signaling_client.get_signaling_client = signaling_client.ThreadSafeKeyValueSignalingClient
+
+
+def coordination_service(port: int, num_processes: int, heartbeat_timeout_s: int) -> Any:
+  """JAX's coordination service on every address of this host at `port`, `recoverable` (a dead client does not
+  stop the others); it runs until the object is deleted. Imports jaxlib alone, not jax: fast."""
+  _warn_once_if_other_versions()
+  from jaxlib import _jax  # pylint: disable=g-import-not-at-top
+
+  return _jax.get_distributed_runtime_service(
+    f'[::]:{port}', num_processes, heartbeat_timeout=heartbeat_timeout_s, shutdown_timeout=5, recoverable=True
+  )
