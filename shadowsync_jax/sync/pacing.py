@@ -27,7 +27,12 @@ c, its mean plus two standard errors (from the spread of the rounds' costs and o
 noisy machine spaces rounds further and a steady one gets close to the budget. Until steps between rounds have been
 measured, a round is taken to stop training for its whole latency (c = latency). And rounds stay far enough apart
 that a few steps between them keep being measured (at least a round's in-round time plus `STEPS_BETWEEN_ROUNDS`
-steps). What the driver feeds it leaves out the steps that carry the training loop's own work (a checkpoint save,
+steps). The estimates forget: they use the rounds merged in the last `memory_s` seconds of training (at most the
+last `window_rounds`), so one costly round (a busy moment of the machine, a page-fault storm) spaces the rounds
+after it further for that long and no longer. With no round left in that memory the next one starts at once and is
+measured afresh; so rounds are never more than `memory_s` apart, and one that costs the trainers more than
+`memory_s` x `max_overhead` (1 s at the defaults) overruns the budget rather than leave the replicas unsynced.
+What the driver feeds it leaves out the steps that carry the training loop's own work (a checkpoint save,
 a metric write: `ShadowSync.loop_work`), which are neither a round's cost nor a step's.
 
 Pure bookkeeping, no clock and no threads: the driver (`shadow.ShadowSync`) feeds it what it timed.
@@ -41,6 +46,7 @@ STEPS_BETWEEN_ROUNDS = 3  # The least interval leaves room for this many steps b
 WARMUP_ROUNDS = 1  # Rounds left out of the estimates: the first runs its programs and opens connections first.
 MIN_STEPS_MEASURED = 5  # Steps between rounds before their mean time is trusted.
 CONFIDENCE_Z = 2.0  # The pace uses the cost's mean plus this many standard errors (about a 97.5% upper bound).
+MEMORY_S = 20.0  # Rounds merged longer ago than this (seconds of training) leave the estimates.
 
 
 class _Round(NamedTuple):
@@ -52,6 +58,7 @@ class _Round(NamedTuple):
   between_sq_s2: float = 0.0  # Sum of the squared step times, for their spread.
   between_steps: int = 0
   latency_s: float = 0.0
+  merged_at_s: float = 0.0  # Seconds of training (the steps' times summed) when the round was merged.
 
 
 class _Window(NamedTuple):
@@ -72,24 +79,38 @@ class _Window(NamedTuple):
 class Pacer:
   """The interval between shadow rounds from their measured cost (module docstring)."""
 
-  def __init__(self, max_overhead: float, fixed_interval_s: float | None = None, window_rounds: int = 32):
+  def __init__(
+    self,
+    max_overhead: float,
+    fixed_interval_s: float | None = None,
+    window_rounds: int = 32,
+    memory_s: float = MEMORY_S,
+  ):
     """`max_overhead`: the share of the trainers' throughput rounds may cost; `fixed_interval_s`: an interval set
-    by hand instead (the pacer then only measures); `window_rounds`: how many recent rounds the estimates use."""
+    by hand instead (the pacer then only measures); `window_rounds`: how many recent rounds the estimates use at
+    most; `memory_s`: how long (seconds of training) a round stays in them."""
     if not 0 < max_overhead < 1:
       raise ValueError(f'max_overhead={max_overhead} must be in (0, 1).')
     if fixed_interval_s is not None and not fixed_interval_s >= 0:
       raise ValueError(f'fixed_interval_s={fixed_interval_s} must be >= 0 (or None: paced).')
     if window_rounds < 1:
       raise ValueError(f'window_rounds={window_rounds} must be >= 1.')
+    if not memory_s > 0:
+      raise ValueError(f'memory_s={memory_s} must be > 0.')
+    self.memory_s = memory_s
     self.max_overhead, self.fixed_interval_s = max_overhead, fixed_interval_s
     self._rounds: collections.deque[_Round] = collections.deque(maxlen=window_rounds)
     self._window = _Window()
     self._open = _Round()  # The steps since the last merge.
     self._warmup_rounds_left = WARMUP_ROUNDS
+    self._elapsed_s = 0.0  # Every step's time, summed: the pacer's clock.
 
   def observe_step(self, seconds: float, in_round: bool) -> None:
     """A training step took `seconds` (boundary to boundary); `in_round`: a round was in flight or touched it."""
     r = self._open
+    self._elapsed_s += seconds
+    if self._rounds and self._rounds[0].merged_at_s < self._elapsed_s - self.memory_s:
+      self._forget()
     if in_round:
       self._open = r._replace(in_round_s=r.in_round_s + seconds, in_round_steps=r.in_round_steps + 1)
     else:
@@ -99,12 +120,18 @@ class Pacer:
 
   def observe_round(self, latency_s: float) -> None:
     """A round was merged; it took `latency_s` from its snapshot to its result."""
-    measured, self._open = self._open._replace(latency_s=latency_s), _Round()
+    measured, self._open = self._open._replace(latency_s=latency_s, merged_at_s=self._elapsed_s), _Round()
     if self._warmup_rounds_left:
       self._warmup_rounds_left -= 1
       return
     self._rounds.append(measured)
+    self._forget()
+
+  def _forget(self) -> None:
+    """Drops the rounds merged more than `memory_s` ago; the window's sums from the rounds left."""
     rounds = self._rounds
+    while rounds and rounds[0].merged_at_s < self._elapsed_s - self.memory_s:
+      rounds.popleft()
     self._window = _Window(
       rounds=len(rounds),
       in_round_s=sum(r.in_round_s for r in rounds),

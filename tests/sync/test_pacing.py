@@ -123,6 +123,7 @@ def test_a_fixed_interval_is_kept_and_still_measured():
     ({'max_overhead': 1.0}, 'max_overhead'),
     ({'max_overhead': 0.05, 'fixed_interval_s': -1.0}, 'fixed_interval_s'),
     ({'max_overhead': 0.05, 'window_rounds': 0}, 'window_rounds'),
+    ({'max_overhead': 0.05, 'memory_s': 0.0}, 'memory_s'),
   ],
 )
 def test_bad_settings_are_refused(kwargs, message):
@@ -168,3 +169,19 @@ def test_a_paced_run_follows_a_round_cost_that_doubles():
   lost, rounds_dear = _simulate(pacer, 20_000, lambda step: 2.0, round_steps=5)
   assert rounds_dear < 0.6 * rounds_cheap, (rounds_cheap, rounds_dear)
   assert lost <= 0.055, (lost, pacer.stats())
+
+
+def test_an_early_costly_round_ages_out_of_the_pace():
+  """The first round after the warm-up stalls the trainers for seconds (a busy machine): the pace it sets would
+  leave the rest of the run without a round; the pacer forgets it after `memory_s` of training and paces anew."""
+  slow_until_step = 40  # The warm-up round and the first measured one: 40x slower steps while in flight.
+  pacer = pacing.Pacer(max_overhead=0.05)
+  lost, rounds = _simulate(pacer, 20_000, lambda step: 40.0 if step < slow_until_step else 1.5, round_steps=5)
+  run_s = 20_000 * STEP_S / (1 - lost)
+  assert run_s > 4 * pacing.MEMORY_S
+  assert rounds > 200, (rounds, pacer.stats())  # Paced at the cheap rounds' cost for the rest of the run.
+  assert pacer.interval_s() < 2.0, pacer.stats()
+
+  unforgetting = pacing.Pacer(max_overhead=0.05, memory_s=1e9)  # What it did before: one round, the whole run.
+  _, rounds_kept = _simulate(unforgetting, 20_000, lambda step: 40.0 if step < slow_until_step else 1.5, round_steps=5)
+  assert rounds_kept < 20 < rounds, (rounds_kept, rounds)
