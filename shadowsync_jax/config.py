@@ -162,7 +162,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   config.straggler = ml_collections.ConfigDict()
   config.straggler.process = -1  # The process made slower (-1 = none): a straggler, to study sync under one.
-  config.straggler.slowdown = 1.0  # How many times slower that process's steps are (it sleeps after each step).
+  config.straggler.slowdown = 1.0  # How many times as long its own steps take (it sleeps after each; calibrated).
 
   # Emulated failures and how the run recovers from them (DESIGN §7, CPR: Maeng et al., MLSys 2021).
   config.recovery = ml_collections.ConfigDict()

@@ -281,6 +281,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   )
   local_examples_per_sec = timed_steps * num_local * batch_size / timed_seconds if timed_seconds > 0 else 0.0
   examples_per_sec_per_process = [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]
+  straggler_figures = straggler.summary(delay, config.straggler.process)
   net_bytes_sent, net_bytes_received = (network.per_process(count) for count in traffic.bytes())
   fingerprint = consensus.fingerprint(rule, state.params, sync_state, meshes)
   divergence = _job_replica_divergence(_replicated_part(state.params, config), meshes)
@@ -306,7 +307,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     'replica_divergence': divergence,
     'consensus_fingerprint_per_process': [f'{int(x):08x}' for x in replicas.gather_from_processes(fingerprint)],
     **memory.summary(state_bytes),  # state_bytes, peak_rss_bytes: per process, by the end of the evaluation
-    'straggler_sleep_s': delay.slept_s,
+    **straggler_figures,  # straggler_sleep_s, straggler_step_s: the straggler process's (parallel/straggler.py)
     **recovery.summary(),  # recovery_overhead_pct, num_failures, estimated_pls, actual_pls, ...
     'wall_time_s': time.perf_counter() - wall_start,
     'config': config.to_dict(),

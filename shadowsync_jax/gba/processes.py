@@ -380,6 +380,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   eval_metrics = evaluation.evaluate(config, evaluation.one_model(config, params), eval_source)
   local_examples_per_sec = busy_steps * num_local * batch_size / busy_s if busy_s > 0 else 0.0
   examples_per_sec_per_process = [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]
+  straggler_figures = straggler.summary(delay, config.straggler.process)
   net_bytes_sent, net_bytes_received = (network.per_process(count) for count in traffic.bytes())
   summary = server_lib.server_summary(
     config, eval_metrics, server, start_step, examples_per_sec_per_process, lost_tokens
@@ -389,7 +390,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       'net_bytes_sent': net_bytes_sent,  # Per process; null on 127.0.0.1 (parallel/network.py).
       'net_bytes_received': net_bytes_received,
       'consensus_fingerprint_per_process': replicas.fingerprints_per_process(params),
-      'straggler_sleep_s': delay.slept_s,
+      **straggler_figures,  # straggler_sleep_s, straggler_step_s
       'exchange_rounds': rounds,
       'wall_time_s': time.perf_counter() - wall_start,
       'config': config.to_dict(),

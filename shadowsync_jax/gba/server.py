@@ -183,6 +183,7 @@ def server_summary(
     'mean_round_latency_s': None,
     'replica_divergence': 0.0,
     'straggler_sleep_s': 0.0,
+    'straggler_step_s': None,
     'recovery_mode': 'none',
     **memory.summary(memory.state_bytes(server.state)),  # state_bytes, peak_rss_bytes: per process
     **server.stats(),

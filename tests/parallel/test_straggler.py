@@ -1,4 +1,4 @@
-"""The emulated straggler on a fake clock: it multiplies its steps, and only its steps."""
+"""The emulated straggler on a fake clock: it multiplies its own calibrated step time, never its waits."""
 
 import pytest
 
@@ -23,21 +23,22 @@ def _run(delay, clock, step_s):
   delay.after_step(None)
 
 
-def test_a_straggler_runs_its_steps_slowdown_times_slower_but_not_the_waits_it_restarts_after(monkeypatch):
+def test_a_straggler_sleeps_a_multiple_of_its_own_calibrated_step_never_of_its_waits(monkeypatch):
   clock = _Clock()
   monkeypatch.setattr(straggler, 'time', clock)
-  delay = straggler.Straggler(slowdown=3.0)
+  delay = straggler.Straggler(slowdown=3.0, calibration_steps=3)
   _run(delay, clock, step_s=5.0)  # The first step compiles: not a step time, no sleep.
-  assert delay.slept_s == 0.0
-  start = clock.now
-  _run(delay, clock, step_s=0.01)
-  _run(delay, clock, step_s=0.02)
-  assert clock.now - start == pytest.approx(3 * 0.03) and delay.slept_s == pytest.approx(2 * 0.03)
-  clock.now += 1.5  # A wait that is no step (the gba servers' compilation): restarted, not multiplied.
+  clock.now += 1.5  # A wait that is no step (the gba servers' compilation): restarted, not timed.
   delay.restart()
+  for step_s in (0.01, 0.03, 0.02):  # Calibration: timed at the job's even pace, not slowed.
+    _run(delay, clock, step_s)
+  assert delay.slept_s == 0.0 and delay.own_step_s == pytest.approx(0.02)
   start = clock.now
-  _run(delay, clock, step_s=0.01)
-  assert clock.now - start == pytest.approx(3 * 0.01) and delay.slept_s == pytest.approx(2 * 0.04)
+  _run(delay, clock, step_s=0.02)
+  assert clock.now - start == pytest.approx(3 * 0.02) and delay.slept_s == pytest.approx(2 * 0.02)
+  # A step that waited long for its peers (an all-reduce behind a slower process): the sleep stays the same.
+  _run(delay, clock, step_s=0.5)
+  assert delay.slept_s == pytest.approx(4 * 0.02)
 
 
 def test_no_slowdown_never_waits_nor_sleeps(monkeypatch):
@@ -47,3 +48,10 @@ def test_no_slowdown_never_waits_nor_sleeps(monkeypatch):
   for _ in range(3):
     _run(delay, clock, step_s=0.5)
   assert delay.slept_s == 0.0 and clock.now == 101.5
+
+
+def test_bad_settings_are_refused():
+  with pytest.raises(ValueError, match='slowdown'):
+    straggler.Straggler(slowdown=0.5)
+  with pytest.raises(ValueError, match='calibration_steps'):
+    straggler.Straggler(slowdown=2.0, calibration_steps=0)
