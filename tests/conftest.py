@@ -1,7 +1,7 @@
 """Test setup: 8 virtual CPU devices, so multi-replica code runs for real on a laptop CPU; and one persistent
 compilation cache for the whole session, so that a program compiled once (the tiny model's step, init, rounds,
 evaluation) is loaded, not compiled again, by the next test, job process or notebook that builds it (they inherit
-`JAX_COMPILATION_CACHE_DIR`; `experiments.train` and `experiments.sweep` take it over their workdir's cache). The
+`JAX_COMPILATION_CACHE_DIR`; `experiments.train` and `benchmarks.sweep` take it over their workdir's cache). The
 cache starts empty every session and is removed at its end."""
 
 import atexit

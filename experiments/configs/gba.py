@@ -1,8 +1,8 @@
 r"""The GBA study's setting: the default problem on 8 workers of batch 64, 1M examples (DESIGN §8).
 
-  python -m experiments.gba_study [--config=experiments/configs/gba.py[:tiny]] [--config.gba.KEY=VALUE ...]
+  python -m benchmarks.gba_study [--config=experiments/configs/gba.py[:tiny]] [--config.gba.KEY=VALUE ...]
 
-`experiments.gba_study` trains `sync_sgd`, `async_sgd` and `gba` with these same hyperparameters, without and with
+`benchmarks.gba_study` trains `sync_sgd`, `async_sgd` and `gba` with these same hyperparameters, without and with
 stragglers (`--straggler_prob`, default 0.1: a step is 4x slower with that chance, per worker and step), and prints
 the table of docs/studies/gba.md. Expected on 2 CPU cores: about 5 minutes (8 with
 `--tune_learning_rates=0.025,0.05,0.1,0.2`); gba's eval NE within a few tenths of a percent of sync_sgd's; with

@@ -1,8 +1,8 @@
 r"""The CPR study's setting: the default problem with failures of one embedding shard (DESIGN §7).
 
-  python -m experiments.recovery [--config=experiments/configs/recovery.py[:tiny]] [--config.recovery.KEY=VALUE]
+  python -m benchmarks.recovery [--config=experiments/configs/recovery.py[:tiny]] [--config.recovery.KEY=VALUE]
 
-`experiments.recovery` trains it once per recovery mode (no failures, full, partial, cpr_mfu, cpr_ssu) and prints
+`benchmarks.recovery` trains it once per recovery mode (no failures, full, partial, cpr_mfu, cpr_ssu) and prints
 the overhead table (docs/studies/cpr.md). Save and restore costs are measured (the time the training loop is
 blocked), not emulated. Expected on 2 CPU cores: about 7 minutes; about 10 failures; full recovery about 10%
 overhead (8.2% expected), partial and the CPR variants 0.13-0.21 of that (single rows move by a third with the load

@@ -1,7 +1,11 @@
 """A study's training job, run as a user runs it and measured from outside: its summary, wall time and peak memory.
 
-  job = jobs.run(['-m', 'experiments.train', '--workdir=W', ...], workdir)    # or '-m', 'experiments.launch', ...
+  job = jobs.run(['-m', 'experiments.train', '--workdir=W', ...], workdir)
+  job = jobs.launch(workdir, ['--num_processes=2', '--pin_cpus'], ['--config.sync.algorithm=shadow_ma'])
   job.summary['eval_ne'], job.wall_s, job.peak_rss_bytes, job.error    # error: the job's `error:` line, or None
+
+Every study that starts jobs starts them here: one process with `run`, a job of processes (`experiments.launch`:
+local processes or emulated hosts, kills, restarts) with `launch`.
 
 The peak resident memory comes from `/usr/bin/time -v` (GNU time), which waits for the command: for a launcher it
 is the largest of the launcher and the training processes it started (each process's own is in the summary,
@@ -54,6 +58,15 @@ def run(args: list[str], workdir: pathlib.Path, timeout_s: float | None = None) 
     raise RuntimeError(f'python {" ".join(args)} failed with exit status {result.returncode}.')
   summary = json.loads((workdir / 'summary.json').read_text())
   return Job(summary, wall_s, peak_bytes, None)
+
+
+def launch(
+  workdir: pathlib.Path, launch_flags: list[str], train_flags: list[str], timeout_s: float | None = None
+) -> Job:
+  """`python -m experiments.launch LAUNCH_FLAGS -- --workdir=WORKDIR TRAIN_FLAGS`: a job of processes."""
+  return run(
+    ['-m', 'experiments.launch', *launch_flags, '--', f'--workdir={workdir}', *train_flags], workdir, timeout_s
+  )
 
 
 def fresh(workdir: pathlib.Path) -> pathlib.Path:

@@ -7,11 +7,11 @@ code it measures, as a study's result file records them (`report.write`).
   provenance.read(text)        # the record a result file holds, or None (written before records were kept)
 
 The code a result measures is every file of the repository whose module the study's process loaded, with its git
-blob hash as it was when the result was written (uncommitted edits included), and, when the study ran jobs of
-their own processes (`studies.jobs`, `parallel.supervisor`), every file of the library and the binaries: what a
-change must touch to change the result. The machine's load is read when this module is imported (a study binary
-imports it at its start) and again when the record is made.
-"""
+blob hash as it was when the result was written (uncommitted edits included), and, when the study ran jobs of their
+own processes (`studies.jobs`, `parallel.supervisor`), every file of the library but `studies` (no job imports it)
+and of `experiments`: what a change must touch to change the result. Left out: the modules that write, date and read
+result files (`WRITERS`: this one, `report`, `staleness`, `headlines`), which measure nothing. The machine's load is
+read when this module is imported (a study binary imports it at its start) and again when the record is made."""
 
 import datetime
 import json
@@ -28,6 +28,8 @@ LOAD_AT_START = os.getloadavg()
 # Modules whose studies run jobs in processes of their own: those import the whole library and its binaries.
 _JOB_RUNNERS = ('shadowsync_jax.studies.jobs', 'shadowsync_jax.parallel.supervisor')
 _JOB_CODE = ('shadowsync_jax', 'experiments')
+_NOT_JOB_CODE = 'shadowsync_jax/studies/'  # The library never imports studies: no job runs them.
+WRITERS = tuple(f'shadowsync_jax/studies/{name}.py' for name in ('provenance', 'report', 'staleness', 'headlines'))
 _COMMENT = re.compile(r'<!-- provenance: (?P<json>\{.*?\}) -->', re.S)
 
 
@@ -46,7 +48,12 @@ def measured_files(repo: pathlib.Path = REPO_ROOT, modules: dict[str, Any] | Non
       files.add(pathlib.Path(path).resolve().relative_to(repo).as_posix())
   if any(name in modules for name in _JOB_RUNNERS):
     for top in _JOB_CODE:
-      files.update(p.relative_to(repo).as_posix() for p in (repo / top).rglob('*.py'))
+      files.update(
+        path
+        for path in (p.relative_to(repo).as_posix() for p in (repo / top).rglob('*.py'))
+        if not path.startswith(_NOT_JOB_CODE)
+      )
+  files.difference_update(WRITERS)
   tracked = set(git('ls-files', '--', *sorted(files), repo=repo).split()) if files else set()
   return sorted(files & tracked)
 

@@ -17,30 +17,22 @@ process's), and lost work (steps trained again after a full recovery's rewind, a
 rest is what the mode's checkpoints and everything else cost.
 """
 
-import json
-import os
 import pathlib
-import subprocess
 import sys
-import time
 from typing import Any
 
 from shadowsync_jax.parallel import history
+from shadowsync_jax.studies import jobs
 
 LAUNCH_FLAGS = ('--num_processes=2', '--cpu_devices=1', '--pin_cpus')
 
 
-def run_job(workdir: pathlib.Path, launch_flags: list[str], train_flags: list[str], out=sys.stdout) -> dict[str, Any]:
-  """One `experiments.launch` job; returns its summary.json with the launcher's wall time and exit status."""
-  command = [sys.executable, '-m', 'experiments.launch', *launch_flags, '--', f'--workdir={workdir}', *train_flags]
-  started = time.perf_counter()
-  result = subprocess.run(command, capture_output=True, text=True, check=False, env={**os.environ})
-  wall_s = time.perf_counter() - started
-  if result.returncode != 0:
-    out.write(result.stdout[-4000:] + result.stderr[-4000:])
-    raise RuntimeError(f'the job in {workdir} failed with exit status {result.returncode}.')
-  summary = json.loads((workdir / 'summary.json').read_text())
-  return {**summary, 'job_wall_s': wall_s}
+def run_job(workdir: pathlib.Path, launch_flags: list[str], train_flags: list[str]) -> dict[str, Any]:
+  """One `experiments.launch` job; returns its summary.json with the launcher's wall time."""
+  job = jobs.launch(workdir, launch_flags, train_flags)
+  if job.error:
+    raise RuntimeError(f'the job in {workdir} refused its config: {job.error}')
+  return {**job.summary, 'job_wall_s': job.wall_s}
 
 
 def costs(workdir: pathlib.Path, step_s: float) -> dict[str, float]:
@@ -76,7 +68,7 @@ def run(
   root = pathlib.Path(root)
   out.write('--- no failures, no recovery (the reference)\n')
   out.flush()
-  reference = run_job(root / 'reference', list(LAUNCH_FLAGS), list(train_flags), out)
+  reference = run_job(root / 'reference', list(LAUNCH_FLAGS), list(train_flags))
   steps_per_s = min(reference['examples_per_sec_per_process']) / reference['config']['batch_size']
   step_s = 1.0 / steps_per_s
   rows = [{**reference, 'label': 'no failures', 'overhead_pct': 0.0, **costs(root / 'reference', step_s)}]
@@ -86,7 +78,7 @@ def run(
     out.write(f'--- {mode}\n')
     out.flush()
     flags = [*train_flags, f'--config.recovery.mode={mode}', f'--config.recovery.mtbf_steps={mtbf_steps:.1f}']
-    summary = run_job(root / mode, [*LAUNCH_FLAGS, *kills], flags, out)
+    summary = run_job(root / mode, [*LAUNCH_FLAGS, *kills], flags)
     overhead = 100 * (summary['job_wall_s'] / reference['job_wall_s'] - 1)
     rows.append({**summary, 'label': mode, 'overhead_pct': overhead, **costs(root / mode, step_s)})
   for row in rows:

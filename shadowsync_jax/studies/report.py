@@ -3,7 +3,7 @@ tree was clean, the date, the machine's cores and load: `provenance`), the table
 
   report.write('benchmarks/results/gba_study.md', 'GBA study', command, table, rows, root=workdir)
 
-Every study binary (`experiments.gba_study`, `experiments.recovery`, `benchmarks.*`) writes one, so that a table
+Every study binary (`benchmarks.*`) writes one, so that a table
 in the docs can be traced to the run and its raw figures. The configs are left out of the raw summaries (every run
 of a study shares one, given by the command).
 

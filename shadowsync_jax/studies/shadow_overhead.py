@@ -3,6 +3,9 @@
   result = shadow_overhead.measure(config, window_steps=200, pairs=8)   # config.sync.algorithm = 'shadow_*'
   result['ratio_median']   # examples/sec with the thread running / without it, median over the pairs
 
+  rows = shadow_overhead.run(default.get_config(), shadow_overhead.Settings(), ('shadow_ma', 'shadow_bmuf'))
+  print(shadow_overhead.table(rows))   # the study: one such run a shadow algorithm
+
 The sync study compares whole runs, and on a shared machine identical runs differ by 15-20% in examples/sec; a 5%
 cost disappears in that. Here one process trains `config` on its stream, and windows of `window_steps` steps
 alternate between the background thread running and not running (the order swapped every pair, so a steady drift
@@ -13,12 +16,23 @@ steady run starts window / pace rounds on average, where a first round at the wi
 (at a pace of 0.22 s a 1.26 s window started 6 rounds, against 5.7 in a steady run). The round in
 flight when a window ends is merged after that window's clock stops. Windows a few seconds apart share the
 machine's load, so their ratio is the thread's cost.
+
+The study (`run`; `benchmarks.shadow_overhead` runs it) is the sync study's examples/sec ratio measured this way:
+for each algorithm, one run of the default config but 8 replicas (as in `studies/sync_study.py`). The rounds keep
+the default pace, `sync.min_interval_s='auto'` (paced to cost at most `sync.max_overhead`, 0.05, of the trainers'
+throughput), unless `Settings` sets it. `table` is a markdown table: examples/sec without and with the thread
+(medians over the windows), their ratio per pair (median, quartiles), rounds, mean sync gap, and the pace the rounds
+settled on with the round cost it came from; `note` names every setting changed from the defaults. The issue's
+target is a ratio of at least 0.95. Single pairs scatter by about 5-10% on a shared machine; 40 pairs put the median
+within about 1.5% (about 15 minutes for the three algorithms here). The interval of the median is distribution-free
+(`median_interval`, the sign test; about 96% for 40 pairs).
 """
 
 from collections.abc import Sequence
+import copy
 import math
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -130,6 +144,85 @@ def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float
 def steps_needed(window_steps: int, pairs: int) -> int:
   """Training steps `measure` takes: a warm-up, then the windows."""
   return _WARMUP_STEPS + 2 * pairs * window_steps
+
+
+class Settings(NamedTuple):
+  """What the study sets on its base config, and its windows; None: the base config's value."""
+
+  window_steps: int = 150  # Steps per window.
+  pairs: int = 40  # Pairs of windows (one without the thread, one with it) per algorithm.
+  num_replicas: int = 8
+  batch_size: int | None = None  # Examples per replica per step.
+  min_interval_s: str | None = None  # sync.min_interval_s as text: seconds, or 'auto'.
+  max_overhead: float | None = None  # sync.max_overhead ('auto' pace's budget).
+  what: str = 'all'  # What a round syncs: 'all' or 'dense'.
+  embedding_placement: str = 'replicated'
+
+
+def config_for(base: ml_collections.ConfigDict, settings: Settings, algorithm: str) -> ml_collections.ConfigDict:
+  """`base` with `settings` and `sync.algorithm = algorithm`, its stream exactly as long as `measure` needs,
+  resolved (a copy)."""
+  config = copy.deepcopy(base)
+  config.num_replicas = settings.num_replicas
+  if settings.batch_size is not None:
+    config.batch_size = settings.batch_size
+  config.sync.algorithm = algorithm
+  if settings.min_interval_s is not None:
+    config.sync.min_interval_s = config_lib.min_interval_from_text(settings.min_interval_s)
+  if settings.max_overhead is not None:
+    config.sync.max_overhead = settings.max_overhead
+  config.sync.what = settings.what
+  config.sync.embedding_placement = settings.embedding_placement
+  steps = steps_needed(settings.window_steps, settings.pairs)
+  config.data.num_train_examples = steps * settings.num_replicas * config.batch_size
+  return config_lib.resolve(config)  # The held-out length of 0: the whole held-out set.
+
+
+def run(base: ml_collections.ConfigDict, settings: Settings, algorithms: Sequence[str]) -> dict[str, dict[str, Any]]:
+  """`measure` of each algorithm on `config_for(base, settings, algorithm)`; {algorithm: its figures}."""
+  rows = {}
+  for algorithm in algorithms:
+    rows[algorithm] = measure(config_for(base, settings, algorithm), settings.window_steps, settings.pairs)
+    print(f'{algorithm}: ratio {rows[algorithm]["ratio_median"]:.3f}', flush=True)
+  return rows
+
+
+def changed_settings(base: ml_collections.ConfigDict, config: ml_collections.ConfigDict) -> str:
+  """Every key of `config` that differs from `base`'s, as key=value (sync.algorithm: per row)."""
+  flat_base = config_lib.flat_keys(base)
+  changed = [f'{k}={v}' for k, v in config_lib.flat_keys(config).items() if k != 'sync.algorithm' and flat_base[k] != v]
+  return ', '.join(changed + ['sync.algorithm per row'])
+
+
+def table(rows: dict[str, dict[str, Any]]) -> str:
+  """A row an algorithm: examples/sec without and with the thread, their ratio (median, its interval, quartiles),
+  rounds, mean sync gap, pace, round cost."""
+  lines = [
+    '| algorithm | examples/sec without the thread | with it | ratio (median) | interval of the median | '
+    'quartiles | rounds | mean sync gap | pace (s) | round cost (ms) |',
+    '|---|---|---|---|---|---|---|---|---|---|',
+  ]
+  for name, r in rows.items():
+    gap = '' if r['mean_sync_gap'] is None else f'{r["mean_sync_gap"]:.1f}'
+    cost = '' if r.get('sync_round_cost_s') is None else f'{1000 * r["sync_round_cost_s"]:.1f}'
+    lines.append(
+      f'| {name} | {r["examples_per_sec_without"]:,.0f} | {r["examples_per_sec_with"]:,.0f} | '
+      f'{r["ratio_median"]:.3f} | {r["ratio_median_low"]:.3f}-{r["ratio_median_high"]:.3f} '
+      f'({100 * r["ratio_median_coverage"]:.0f}%) | {r["ratio_q25"]:.3f}-{r["ratio_q75"]:.3f} | '
+      f'{r["sync_rounds"]} | {gap} | {r["sync_interval_s"]:.2f} | {cost} |'
+    )
+  return '\n'.join(lines)
+
+
+def note(variant: str, base: ml_collections.ConfigDict, settings: Settings, algorithm: str) -> str:
+  """The setup under the table: the `variant` config ('default', 'tiny': `base`) and what the study changed, read
+  from `algorithm`'s config."""
+  return (
+    f'The {variant} config but {changed_settings(base, config_for(base, settings, algorithm))}; '
+    f'{settings.pairs} pairs of {settings.window_steps}-step windows per algorithm, in one process, the order '
+    'swapped every pair. Pace: the interval between round starts the rounds ended on; round cost: the '
+    "trainers' time one round cost, as the driver measured it."
+  )
 
 
 class _Loop:

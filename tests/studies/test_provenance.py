@@ -6,9 +6,12 @@ import pathlib
 import subprocess
 import types
 
+from shadowsync_jax.studies import bracketed  # noqa: F401  (a module of the study process, for the record)
+from shadowsync_jax.studies import jobs
 from shadowsync_jax.studies import provenance
 from shadowsync_jax.studies import report
 from shadowsync_jax.studies import staleness
+from shadowsync_jax.studies import stragglers
 
 _GIT_ENV = {
   'GIT_AUTHOR_NAME': 't',
@@ -42,14 +45,22 @@ def test_a_result_file_records_its_command_commit_machine_and_measured_code(tmp_
   head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=provenance.REPO_ROOT, capture_output=True, text=True)
   assert record['commit'] == head.stdout.strip() and record['command'] == 'python -m benchmarks.x --flag'
   assert record['cores'] == os.cpu_count() and len(record['load_at_start']) == 3 and record['date_utc']
-  # The code the writing process ran, with its content then.
-  assert (
-    record['measures']['shadowsync_jax/studies/report.py']
-    == provenance.blob_hashes(['shadowsync_jax/studies/report.py'])['shadowsync_jax/studies/report.py']
-  )
+  # The code the writing process ran, with its content then; not the modules that only write the file.
+  measured = 'shadowsync_jax/studies/bracketed.py'  # Imported above: a module of the study's process.
+  assert record['measures'][measured] == provenance.blob_hashes([measured])[measured]
+  assert not set(provenance.WRITERS) & set(record['measures'])
   shown = report.shown_in_docs(text)
   assert provenance.line(record) in shown and '<!-- provenance' not in shown  # Docs show the sentence only.
   assert report.read_rows(out) == [{'a': 1}]
+
+
+def test_a_study_that_runs_jobs_measures_the_library_the_jobs_run_but_not_the_studies():
+  modules = {'shadowsync_jax.studies.jobs': jobs, 'shadowsync_jax.studies.stragglers': stragglers}
+  files = provenance.measured_files(modules=modules)
+  assert 'shadowsync_jax/train.py' in files and 'experiments/train.py' in files  # What the jobs import.
+  assert 'shadowsync_jax/studies/stragglers.py' in files and 'shadowsync_jax/studies/jobs.py' in files  # Its own.
+  assert 'shadowsync_jax/studies/sweep.py' not in files  # Another study: no job imports it.
+  assert 'shadowsync_jax/studies/report.py' not in files
 
 
 def test_a_result_goes_stale_when_code_it_measures_changes_and_says_which_commits(tmp_path):

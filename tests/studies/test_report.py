@@ -36,8 +36,8 @@ def test_rows_by_label_stay_a_mapping(tmp_path):
 
 
 def test_command_line_names_the_module_and_its_flags(monkeypatch):
-  monkeypatch.setattr(sys, 'argv', ['/repo/experiments/recovery.py', '--modes=none,full'])
-  assert study_report.command_line() == 'python -m experiments.recovery --modes=none,full'
+  monkeypatch.setattr(sys, 'argv', ['/repo/benchmarks/recovery.py', '--modes=none,full'])
+  assert study_report.command_line() == 'python -m benchmarks.recovery --modes=none,full'
   monkeypatch.setattr(sys, 'argv', ['/repo/benchmarks/sync_study.py'])
   assert study_report.command_line() == 'python -m benchmarks.sync_study'
 

@@ -1,6 +1,6 @@
 r"""The CPR study: the same data and failure schedule under no failures, full, partial, cpr_mfu and cpr_ssu.
 
-  python -m experiments.recovery [--config=experiments/configs/recovery.py] [--modes=none,full,...] \
+  python -m benchmarks.recovery [--config=experiments/configs/recovery.py] [--modes=none,full,...] \
       [--workdir=DIR] [--out=benchmarks/results/recovery.md] [--config.recovery.mtbf_steps=1500 ...]
 
 Prints a markdown table (eval NE and its difference to the run without failures; the failures met; the

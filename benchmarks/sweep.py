@@ -1,6 +1,6 @@
 r"""The ShadowSync study as a scaling sweep: replicas x sync algorithms, the total training data fixed.
 
-  python -m experiments.sweep [--output_dir=runs/sweep] [--tiny] [--replicas=1,2,4,8] \
+  python -m benchmarks.sweep [--output_dir=runs/sweep] [--tiny] [--replicas=1,2,4,8] \
       [--algorithms=none,sync_sgd,fr_ma,...] [--num_train_examples=1048576] [--batch_size=128]
 
 Trains every cell of the grid in turn on the default synthetic stream, each in OUTPUT_DIR/<algorithm>/R<replicas>,

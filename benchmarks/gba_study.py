@@ -1,6 +1,6 @@
 r"""The GBA study: sync_sgd, async_sgd and gba with the same hyperparameters, without and with stragglers.
 
-  python -m experiments.gba_study [--config=experiments/configs/gba.py[:tiny]] [--straggler_prob=0.1] \
+  python -m benchmarks.gba_study [--config=experiments/configs/gba.py[:tiny]] [--straggler_prob=0.1] \
       [--tune_learning_rates=0.025,0.05,0.1,0.2] [--seeds=0,1,2] [--workdir=DIR] \
       [--out=benchmarks/results/gba_study.md] [--config.gba.KEY=VALUE ...]
 

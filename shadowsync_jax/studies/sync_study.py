@@ -1,0 +1,137 @@
+r"""The ShadowSync study: every sync algorithm on the same data, R replicas, total training data fixed, one run.
+
+  from experiments.configs import default
+  settings = sync_study.Settings(num_replicas=8, repeats=3)
+  rows = sync_study.run(default.get_config(), settings, root='/tmp/sync_study')
+  print(sync_study.table(rows))
+
+On the default config (batch 256 per replica, the whole embedded stream of 2M examples) but 8 replicas. Runs
+`none`, `sync_sgd`, the three foreground algorithms (every `settings.every_k_steps`), the three shadow algorithms,
+and then each foreground algorithm again with k equal to its shadow counterpart's measured mean sync gap, as the
+ShadowSync paper compares them. The shadow rounds keep the default pace, `sync.min_interval_s='auto'` (paced to
+cost at most `sync.max_overhead` of the trainers' throughput), unless `settings.min_interval_s` sets one. With
+`settings.repeats=N` the whole grid runs N times in turn and examples/sec is the best of the N (external load only
+ever slows a run down). `table` is a markdown table (eval NE, AUC, examples/sec and its ratio to `none`, rounds,
+mean sync gap, the shadow rounds' pace); `note` names every setting changed from the defaults
+(`benchmarks.sync_study` writes both, with the raw summaries as JSON, to its `--out`).
+"""
+
+import copy
+import pathlib
+from typing import Any, NamedTuple
+
+import ml_collections
+
+from shadowsync_jax import config as config_lib
+from shadowsync_jax import train
+
+ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf')
+_PER_ROW = ('sync.algorithm', 'sync.every_k_steps')
+
+
+class Settings(NamedTuple):
+  """What the study sets on its base config; None: the base config's value."""
+
+  num_replicas: int = 8
+  every_k_steps: int = 10  # k of the foreground algorithms in their first runs.
+  batch_size: int | None = None  # Examples per replica per step.
+  num_train_examples: int | None = None  # Length of the one-pass training stream, for every run.
+  min_interval_s: str | None = None  # sync.min_interval_s as text: seconds, or 'auto'.
+  what: str = 'all'  # What a round syncs: 'all' or 'dense'.
+  embedding_placement: str = 'replicated'
+  repeats: int = 1  # Runs of the whole grid; examples/sec is the best of them, the rest from the first.
+
+
+def config_for(
+  base: ml_collections.ConfigDict, settings: Settings, algorithm: str, every_k_steps: int
+) -> ml_collections.ConfigDict:
+  """`base` with `settings`, `sync.algorithm = algorithm` and `sync.every_k_steps = every_k_steps` (a copy)."""
+  config = copy.deepcopy(base)
+  config.num_replicas = settings.num_replicas
+  if settings.batch_size is not None:
+    config.batch_size = settings.batch_size
+  if settings.num_train_examples is not None:
+    config.data.num_train_examples = settings.num_train_examples
+  config.sync.algorithm = algorithm
+  config.sync.every_k_steps = every_k_steps
+  if settings.min_interval_s is not None:
+    config.sync.min_interval_s = config_lib.min_interval_from_text(settings.min_interval_s)
+  config.sync.what = settings.what
+  config.sync.embedding_placement = settings.embedding_placement
+  config.train.progress_every_s = 30.0
+  return config
+
+
+def changed_settings(base: ml_collections.ConfigDict, settings: Settings) -> str:
+  """Every key the study sets away from `base`, as key=value; those that vary per row, named."""
+  flat_base = config_lib.flat_keys(base)
+  config = config_lib.flat_keys(config_for(base, settings, 'none', settings.every_k_steps))
+  changed = [f'{k}={v}' for k, v in config.items() if k not in _PER_ROW and flat_base[k] != v]
+  return ', '.join(
+    changed + [f'sync.every_k_steps={settings.every_k_steps} then the shadow gap', 'sync.algorithm per row']
+  )
+
+
+def _run(
+  base: ml_collections.ConfigDict,
+  settings: Settings,
+  label: str,
+  algorithm: str,
+  every_k_steps: int,
+  root: pathlib.Path,
+) -> dict[str, Any]:
+  print(f'--- {label}', flush=True)
+  summary = train.train_and_evaluate(config_for(base, settings, algorithm, every_k_steps), root / label)
+  summary['label'] = label
+  return summary
+
+
+def run(base: ml_collections.ConfigDict, settings: Settings, root: str | pathlib.Path) -> list[dict[str, Any]]:
+  """The grid, `settings.repeats` times (repeat r in `root/r<r>`); the first repeat's summaries, each with its
+  'label', and examples/sec the best of the repeats."""
+  root = pathlib.Path(root)
+  k = settings.every_k_steps
+  rows = [_run(base, settings, a, a, k, root / 'r0') for a in ALGORITHMS]
+  gap_runs = []
+  for name in ('ma', 'ea', 'bmuf'):
+    shadow = next(r for r in rows if r['label'] == f'shadow_{name}')
+    gap = max(1, round(shadow['mean_sync_gap'] or k))
+    gap_runs.append((f'fr_{name} (k={gap}, the shadow gap)', f'fr_{name}', gap))
+  rows += [_run(base, settings, label, algorithm, gap, root / 'r0') for label, algorithm, gap in gap_runs]
+  runs = [(a, a, k) for a in ALGORITHMS] + gap_runs
+  for repeat in range(1, settings.repeats):
+    for row, (label, algorithm, every_k_steps) in zip(rows, runs):
+      again = _run(base, settings, label, algorithm, every_k_steps, root / f'r{repeat}')
+      row['examples_per_sec'] = max(row['examples_per_sec'], again['examples_per_sec'])
+  return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+  """A row a run: eval NE (and against sync_sgd's), AUC, examples/sec (and against none's), rounds, mean sync gap,
+  pace; the Bayes NE floor below."""
+  none_eps = next(r['examples_per_sec'] for r in rows if r['label'] == 'none')
+  sync_ne = next(r['eval_ne'] for r in rows if r['label'] == 'sync_sgd')
+  floor = rows[0]['bayes_ne']
+  lines = [
+    '| run | eval NE | NE vs sync_sgd | AUC | examples/sec | vs none | rounds | mean sync gap | pace (s) |',
+    '|---|---|---|---|---|---|---|---|---|',
+  ]
+  for r in rows:
+    gap = '' if r['mean_sync_gap'] is None else f'{r["mean_sync_gap"]:.1f}'
+    pace = '' if r.get('sync_interval_s') is None else f'{r["sync_interval_s"]:.2f}'
+    lines.append(
+      f'| {r["label"]} | {r["eval_ne"]:.4f} | {100 * (r["eval_ne"] / sync_ne - 1):+.2f}% | '
+      f'{r["eval_auc"]:.4f} | {r["examples_per_sec"]:,.0f} | {r["examples_per_sec"] / none_eps:.2f} | '
+      f'{r["sync_rounds"]} | {gap} | {pace} |'
+    )
+  lines.append(f'\nBayes NE floor: {floor:.4f}' if floor else '')
+  return '\n'.join(lines)
+
+
+def note(variant: str, base: ml_collections.ConfigDict, settings: Settings, rows: list[dict[str, Any]]) -> str:
+  """The setup under the table: the `variant` config ('default', 'tiny': `base`) and what the study changed."""
+  return (
+    f'The {variant} config but {changed_settings(base, settings)}; best examples/sec of '
+    f'{settings.repeats} runs, {rows[0]["train_examples"]:,} training examples in all (whole global steps). Pace: '
+    'the interval between round starts the shadow rounds ended on.'
+  )
