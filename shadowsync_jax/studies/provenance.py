@@ -2,7 +2,7 @@
 code it measures, as a study's result file records them (`report.write`).
 
   record = provenance.collect('python -m benchmarks.throughput')
-  provenance.line(record)      # 'Written 2026-11-26 09:30 UTC at commit 1a2b3c4 (clean tree), on 2 cores ...'
+  provenance.line(record)      # 'Written 2026-11-26 09:30 UTC at commit 1a2b3c4 (measured code as committed), ...'
   provenance.comment(record)   # '<!-- provenance: {...} -->': the same, for `staleness`
   provenance.read(text)        # the record a result file holds, or None (written before records were kept)
 
@@ -77,7 +77,8 @@ def collect(command: str, repo: pathlib.Path = REPO_ROOT, modules: dict[str, Any
   return {
     'command': command,
     'commit': commit,
-    'tree_clean': not changed,
+    # Clean: the code it measures is the commit's (other studies' result files, docs may be changing beside it).
+    'tree_clean': not set(changed) & set(measured),
     'uncommitted_files': changed,
     'date_utc': datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M'),
     'host': platform.node(),
@@ -101,9 +102,8 @@ def _version(package: str) -> str | None:
 
 def line(record: dict[str, Any]) -> str:
   """One sentence for the reader: when, at which commit, on what machine."""
-  tree = (
-    'clean tree' if record['tree_clean'] else f'{len(record["uncommitted_files"])} file(s) changed and not committed'
-  )
+  dirty = [f for f in record['uncommitted_files'] if f in record['measures']]
+  tree = 'measured code as committed' if record['tree_clean'] else f'{len(dirty)} measured file(s) not committed'
   where = 'outside a git checkout' if record['commit'] is None else f'at commit {record["commit"][:10]} ({tree})'
   return (
     f'Written {record["date_utc"]} UTC {where}, on {record["cores"]} cores '
