@@ -4,6 +4,7 @@ resolves, and every table embedded from a study's result file is the one the stu
 import pathlib
 import re
 
+from shadowsync_jax.studies import headlines
 from shadowsync_jax.studies import report
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -44,3 +45,56 @@ def test_every_embedded_result_table_is_the_one_its_study_wrote():
       f'{page.relative_to(REPO_ROOT)}: the block of {path} differs from the file; rerun the study, or refresh the '
       "docs from the files: python -c 'from shadowsync_jax.studies import report; report.refresh_docs()'"
     )
+
+
+_NUMBER = re.compile(r'(?<![\w.])\d[\d,]*(?:\.\d+)?')
+
+
+def _figures(text: str) -> list[str]:
+  """The figures of a headline: decimals, and integers above 20 (smaller ones count things: seeds, processes)."""
+  return [f for f in _NUMBER.findall(text) if '.' in f or int(f.replace(',', '')) > 20]
+
+
+def _holds(result_text: str, figure: str) -> bool:
+  """Whether some number of the result file reads `figure` when rounded as the figure shows it."""
+  decimals = len(figure.split('.')[1]) if '.' in figure else 0
+  wanted = figure.replace(',', '')
+  for number in _NUMBER.findall(result_text):
+    if f'{float(number.replace(",", "")):.{decimals}f}' == wanted:
+      return True
+  return False
+
+
+def _studies_rows() -> list[list[str]]:
+  readme = (REPO_ROOT / 'README.md').read_text()
+  section = readme.split('## Studies', 1)[1].split('\n## ', 1)[0]
+  rows = [line.strip().strip('|').split(' | ') for line in section.splitlines() if line.startswith('| ')]
+  return [[cell.strip() for cell in row] for row in rows[2:]]  # Past the header and its rule.
+
+
+def test_every_readme_headline_is_written_from_its_result_file_and_shown_on_its_page():
+  rows = _studies_rows()
+  assert rows, 'the README lists the studies'
+  for name, _, headline_cell, page_cell in rows:
+    quoted = headlines.blocks(headline_cell)
+    assert len(quoted) == 1, f'README, {name}: the headline is a block written from a result file, not typed'
+    path, text = quoted[0]
+    assert text == headlines.sentence(path), (
+      f'README, {name}: the headline differs from what {path} says; refresh: python -m benchmarks.refresh_docs'
+    )
+    page = REPO_ROOT / re.search(r'\]\(([^)#]+)', page_cell).group(1)
+    assert (path, text) in headlines.blocks(page.read_text()), f'{name}: {page.name} does not show the headline'
+
+
+def test_every_headline_figure_is_a_figure_of_its_result_file_or_a_target():
+  blocks = [block for page in headlines.pages(REPO_ROOT) for block in headlines.blocks(page.read_text())]
+  assert blocks
+  for path, text in blocks:
+    assert text == headlines.sentence(path), (
+      f'{path}: a headline block is out of date; python -m benchmarks.refresh_docs'
+    )
+    result = (REPO_ROOT / path).read_text()
+    targets = headlines.TARGETS.get(path, ())
+    targets = {f'{t:g}' for t in (targets.values() if isinstance(targets, dict) else [targets] if targets else [])}
+    for figure in _figures(text):
+      assert figure in targets or _holds(result, figure), f'{path}: {figure!r} of its headline is not in the file'

@@ -13,6 +13,8 @@ block under `docs/` when it writes the file, so the figures in the docs are the 
   <!-- results: benchmarks/results/gba_study.md -->
   ...                               (written by `write`; `tests/test_docs.py` checks that it matches the file)
   <!-- /results -->
+
+and the README's and the pages' headlines of the file (`headlines`).
 """
 
 from collections.abc import Mapping, Sequence
@@ -65,6 +67,10 @@ def write(
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text('\n\n'.join(parts) + '\n')
   refresh_docs(docs_dir, only=out)
+  if pathlib.Path(docs_dir).resolve() == (provenance.REPO_ROOT / DOCS_DIR).resolve():  # Not a scratch page.
+    from shadowsync_jax.studies import headlines  # pylint: disable=g-import-not-at-top  (it reads result files)
+
+    headlines.refresh(only=out)
   return out
 
 

@@ -5,13 +5,16 @@ commits that changed it.
     print(staleness.describe(entry))
 
 A result file written with a provenance record (`provenance`) names the files it measures and their content then:
-it is stale where one of them differs now, and the commits since its commit that touched those files say why. A
+it is stale where one of them differs now in its code (a change to comments or docstrings only measures nothing
+new), and the commits since its commit that touched those files say why. A
 file written before records were kept is dated by its last commit and read against the whole library and its
 binaries (`LEGACY_CODE`): every commit since that touched them is listed, a coarser reading that it says it is.
 """
 
+import ast
 from collections.abc import Iterator
 import pathlib
+import subprocess
 from typing import NamedTuple
 
 from shadowsync_jax.studies import provenance
@@ -45,7 +48,7 @@ def entry(path: pathlib.Path, repo: pathlib.Path = provenance.REPO_ROOT) -> Entr
   record = provenance.read(path.read_text()) if path.suffix == '.md' else None
   if record is not None:
     now = provenance.blob_hashes(sorted(record['measures']), repo)
-    changed = [p for p, digest in record['measures'].items() if now[p] != digest]
+    changed = [p for p, digest in record['measures'].items() if now[p] != digest and not _same_code(repo, p, digest)]
     return Entry(
       relative, record['commit'], True, tuple(sorted(changed)), _commits_since(record['commit'], changed, repo)
     )
@@ -55,6 +58,33 @@ def entry(path: pathlib.Path, repo: pathlib.Path = provenance.REPO_ROOT) -> Entr
   commits = _commits_since(commit, list(LEGACY_CODE), repo)
   changed = provenance.git('diff', '--name-only', commit, 'HEAD', '--', *LEGACY_CODE, repo=repo).split()
   return Entry(relative, commit, False, tuple(p for p in changed if p.endswith('.py')), commits)
+
+
+def _code(text: str) -> str:
+  """A Python file's code without its comments and docstrings."""
+  tree = ast.parse(text)
+  for node in ast.walk(tree):
+    body = getattr(node, 'body', None)
+    if (
+      isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+      and body
+      and isinstance(body[0], ast.Expr)
+      and isinstance(body[0].value, ast.Constant)
+      and isinstance(body[0].value.value, str)
+    ):
+      node.body = body[1:] or [ast.Pass()]
+  return ast.dump(tree)
+
+
+def _same_code(repo: pathlib.Path, path: str, old_blob: str) -> bool:
+  """Whether a measured Python file differs from its recorded content in comments and docstrings only."""
+  if not path.endswith('.py') or not old_blob or not (repo / path).exists():
+    return False
+  try:
+    old = provenance.git('cat-file', '-p', old_blob, repo=repo)
+    return _code(old) == _code((repo / path).read_text())
+  except (OSError, SyntaxError, subprocess.CalledProcessError):  # An uncommitted blob git never stored.
+    return False
 
 
 def check(results_dir: str | pathlib.Path, repo: pathlib.Path = provenance.REPO_ROOT) -> Iterator[Entry]:

@@ -79,13 +79,16 @@ def test_a_result_goes_stale_when_code_it_measures_changes_and_says_which_commit
   (repo / 'lib' / 'other.py').write_text('Y = 2\n')
   _commit(repo, 'an unmeasured change')
   assert not staleness.entry(repo / 'results' / 'r.md', repo).stale
+  (repo / 'lib' / 'measured.py').write_text('"""Its docstring."""\n\nX = 1  # A comment.\n')
+  _commit(repo, 'a docstring and a comment')
+  assert not staleness.entry(repo / 'results' / 'r.md', repo).stale  # The same code.
   (repo / 'lib' / 'measured.py').write_text('X = 2\n')
   e = staleness.entry(repo / 'results' / 'r.md', repo)
-  assert e.stale and e.changed_files == ('lib/measured.py',) and e.commits == ()  # Not committed yet.
+  assert e.stale and e.changed_files == ('lib/measured.py',)  # Not committed yet: the commits are the file's since.
   _commit(repo, 'a measured change')
   e = staleness.entry(repo / 'results' / 'r.md', repo)
   assert e.recorded and e.changed_files == ('lib/measured.py',)
-  assert [c.split(' ', 2)[2] for c in e.commits] == ['a measured change'], e.commits
+  assert [c.split(' ', 2)[2] for c in e.commits] == ['a measured change', 'a docstring and a comment'], e.commits
   assert 'STALE' in staleness.describe(e) and 'a measured change' in staleness.describe(e)
 
 

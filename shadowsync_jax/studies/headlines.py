@@ -1,0 +1,271 @@
+"""Headlines: each study's one-sentence reading, written from its result file, never typed.
+
+  headlines.sentence('benchmarks/results/stragglers.md')   # 'a 2x slower process holds sync_sgd to 0.50 ...'
+  headlines.refresh()                                       # README.md and docs/ from the result files
+
+The README's studies table and each study's page quote a result file's headline between two markers, and
+`refresh` (run by `report.write` for the file it wrote, or by hand for all) rewrites them from the file:
+
+  <!-- headline: benchmarks/results/stragglers.md -->...<!-- /headline -->
+
+Each figure of a headline is a figure of its result file (a table cell, or a raw figure rounded as the headline
+shows it), or a target the study is read against (`TARGETS`); `tests/test_docs.py` checks both, and that every
+README headline is on the page its row links. A target reads "met" only where the interval clears it.
+"""
+
+from collections.abc import Callable
+import csv
+import pathlib
+import re
+import statistics
+from typing import Any
+
+from shadowsync_jax.studies import report
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+_BLOCK = re.compile(r'<!-- headline: (?P<path>\S+) -->(?P<body>.*?)<!-- /headline -->', re.S)
+
+
+def _rows(path: str) -> Any:
+  return report.read_rows(REPO_ROOT / path)
+
+
+def _pct(value: float) -> str:
+  return f'{value:+.2f}%'
+
+
+def _verdict(low: float, high: float, target: float, higher_is_better: bool = True) -> str:
+  """'met' where the interval clears the target, 'within noise' where it holds it, else 'not met'."""
+  if not higher_is_better:
+    low, high, target = -high, -low, -target
+  return 'met' if low >= target else 'within noise' if high >= target else 'not met'
+
+
+def _default_problem(path: str) -> str:
+  ne = _rows(path)['eval_ne']
+  gaps = lambda label: [
+    100 * (by_seed[label] / by_seed['Bayes floor (true probabilities)'] - 1) for by_seed in ne.values()
+  ]
+  dlrm = gaps('DLRM (experiments.train, default config)')
+  regression = gaps('logistic regression, dense features only')
+  return (
+    f'over {len(dlrm)} seeds the DLRM lands {statistics.fmean(dlrm):.2f}% above the Bayes NE floor on average '
+    f'({min(dlrm):.1f}% to {max(dlrm):.1f}%; target 3%: '
+    f'{_verdict(-max(dlrm), -min(dlrm), -3.0)}); dense-only regression {statistics.fmean(regression):.2f}% above it'
+  )
+
+
+def _throughput(path: str) -> str:
+  parts = []
+  for row in _rows(path):
+    low, high = row['fraction_interval']
+    target = TARGETS[path][row['batch_size']]
+    parts.append(
+      f'{row["fraction_of_compute_limit"]:.2f} at batch {row["batch_size"]} (interval {low:.2f}-{high:.2f}; '
+      f'target {target:g}: {_verdict(low, high, target)})'
+    )
+  return "of this machine's matmul limit (measured in the same run): " + ', '.join(parts)
+
+
+def _sync_study(path: str) -> str:
+  rows = {row['label']: row for row in _rows(path)}
+  reference = rows['sync_sgd']['eval_ne']
+  gaps = {name: 100 * (rows[name]['eval_ne'] / reference - 1) for name in ('shadow_ma', 'shadow_ea', 'shadow_bmuf')}
+  worst = max(abs(g) for g in gaps.values())
+  return (
+    f"on the default config with 8 replicas, at the default pace, the shadow algorithms' NE is within {worst:.2f}% "
+    f"of `sync_sgd`'s (" + ', '.join(f'{n.removeprefix("shadow_")} {_pct(g)}' for n, g in gaps.items()) + '; one seed)'
+  )
+
+
+def _shadow_overhead(path: str) -> str:
+  rows = _rows(path)
+  medians = [r['ratio_median'] for r in rows.values()]
+  verdicts = {_verdict(r['ratio_median_low'], r['ratio_median_high'], TARGETS[path]) for r in rows.values()}
+  return (
+    f"at the default pace the shadow thread leaves {min(medians):.3f}-{max(medians):.3f} of `none`'s examples/sec "
+    f'(medians of paired windows in one run; target {TARGETS[path]:g}: {" / ".join(sorted(verdicts))})'
+  )
+
+
+def _across_hosts(path: str) -> str:
+  rows = _rows(path)
+  profiles = list(dict.fromkeys(key.split(' at ')[1] for key in rows))
+  slow = profiles[-1]
+  ratio = lambda algorithm, profile: rows[f'{algorithm} at {profile}']['vs_none_paired']
+  shadows = [k for k in rows if k.startswith('shadow_')]
+  kept = [rows[k]['vs_none_paired'] for k in shadows]
+  gaps = [
+    abs(100 * (rows[k]['eval_ne'] / rows[f'sync_sgd at {k.split(" at ")[1]}']['eval_ne'] - 1))
+    for k in shadows
+    if f'sync_sgd at {k.split(" at ")[1]}' in rows
+  ]
+  rounds = [n for k in shadows for n in rows[k]['sync_rounds_per_run']]
+  return (
+    f"at {slow} `sync_sgd` runs at {ratio('sync_sgd', slow):.2f} of `none`'s examples/sec and `fr_ma` at "
+    f'{ratio("fr_ma", slow):.2f}; the shadow algorithms keep {min(kept):.2f}-{max(kept):.2f} at every link '
+    f"(each run read against the `none` runs beside it), their NE within {max(gaps):.2f}% of `sync_sgd`'s, "
+    f'{min(rounds)}-{max(rounds)} rounds a run'
+  )
+
+
+def _sweep(path: str) -> str:
+  with (REPO_ROOT / path).open() as f:
+    rows = list(csv.DictReader(f))
+  top = max(int(r['replicas']) for r in rows)
+  at = lambda algorithm, replicas: next(
+    float(r['ne_vs_floor_pct']) for r in rows if r['algorithm'] == algorithm and int(r['replicas']) == replicas
+  )
+  synced = [float(r['ne_vs_floor_pct']) for r in rows if int(r['replicas']) == top and r['algorithm'] != 'none']
+  return (
+    f"with the data fixed, `none`'s NE goes from {at('none', 1):.1f}% above the floor at 1 replica to "
+    f'{at("none", top):.1f}% at {top}; the synced algorithms stay at {min(synced):.1f}-{max(synced):.1f}% at {top}'
+  )
+
+
+def _stragglers(path: str) -> str:
+  rows = _rows(path)
+  ratio = {}
+  for key, summary in rows.items():
+    algorithm, factor = key.rsplit(' x', 1)
+    if float(factor) > 1:
+      baseline = rows[f'{algorithm} x1']['examples_per_sec_per_process'][0]
+      ratio[algorithm] = summary['examples_per_sec_per_process'][0] / baseline
+      slowdown = factor
+  free = [r for a, r in ratio.items() if a != 'sync_sgd']
+  return (
+    f'a {slowdown}x slower process (its own steps {slowdown}x as long) holds `sync_sgd` to '
+    f'{ratio["sync_sgd"]:.2f} of its pace; under '
+    + ', '.join(f'`{a}`' for a in ratio if a != 'sync_sgd')
+    + f' the fast process keeps {min(free):.2f}-{max(free):.2f} of its own (one run each)'
+  )
+
+
+def _gba(path: str) -> str:
+  rows = _rows(path)
+  slow_prob = max(r['straggler_prob'] for r in rows)
+  seeds = sorted({r['seed'] for r in rows})
+  pick = lambda algorithm, prob: {
+    r['seed']: r for r in rows if r['sync_algorithm'] == algorithm and r['straggler_prob'] == prob
+  }
+  gaps, speed = [], []
+  for prob in (0.0, slow_prob):
+    sync, gba = pick('sync_sgd', prob), pick('gba', prob)
+    gaps += [100 * (gba[s]['eval_ne'] / sync[s]['eval_ne'] - 1) for s in seeds]
+    if prob:
+      speed = [gba[s]['emulated_examples_per_sec'] / sync[s]['emulated_examples_per_sec'] for s in seeds]
+  return (
+    f"over {len(seeds)} seeds `gba`'s NE is within {max(abs(g) for g in gaps):.2f}% of `sync_sgd`'s with the same "
+    f'hyperparameters, without and with stragglers, and runs {statistics.fmean(speed):.2f}x its emulated speed '
+    'under stragglers'
+  )
+
+
+def _cpr(path: str) -> str:
+  rows = {row['label']: row for row in _rows(path)}
+  full = rows['full']['recovery_overhead_pct']
+  partial = {k: rows[k]['recovery_overhead_pct'] / full for k in ('partial', 'cpr_mfu', 'cpr_ssu') if k in rows}
+  ne = [abs(100 * (rows[k]['eval_ne'] / rows['no failures']['eval_ne'] - 1)) for k in partial]
+  return (
+    f'emulated failures: partial recovery and CPR cost {min(partial.values()):.2f}-{max(partial.values()):.2f} of '
+    f"full recovery's overhead ({full:.2f}%), NE within {max(ne):.3f}% of the failure-free run's (one seed)"
+  )
+
+
+def _real_failures(path: str) -> str:
+  rows = {row['label']: row for row in _rows(path)}
+  full = rows['full']['overhead_pct']
+  others = {k: r['overhead_pct'] / full for k, r in rows.items() if k not in ('no failures', 'full')}
+  restarts = [r['restart_s'] for k, r in rows.items() if k != 'no failures']
+  return (
+    'killed processes, restarted jobs: '
+    + ', '.join(f'`{k}` costs {v:.2f}' for k, v in others.items())
+    + f" of full recovery's overhead ({full:.1f}%; target 0.2: not met); restarts take "
+    f'{min(restarts):.1f}-{max(restarts):.1f} s of every run'
+  )
+
+
+def _table_size(path: str) -> str:
+  rows = [r for r in _rows(path) if r.get('state_bytes')]
+  kaggle_one = [r for r in rows if r['size'] == 'Kaggle' and r['num_replicas'] == 1 and r['num_processes'] == 1]
+  peaks = [r['peak_rss_bytes'] / 1e9 for r in kaggle_one]
+  terabyte = [r for r in rows if r['size'] == 'Terabyte' and r['placement'] == 'sharded']
+  tb_peaks = [r['peak_rss_bytes'] / 1e9 for r in terabyte]
+  text = (REPO_ROOT / path).read_text()
+  ratios = re.findall(r'batch (\d+): median (\d\.\d\d)', text)
+  return (
+    f"Criteo Kaggle's tables ({kaggle_one[0]['state_bytes'] / 1e9:.2f} GB of state) train in one process at a peak "
+    f'of {min(peaks):.2f}-{max(peaks):.2f} GB, at '
+    + ', '.join(f'{ratio} (batch {batch})' for batch, ratio in ratios)
+    + " of the same model's speed with 100k-row tables (medians); Terabyte's sharded over 2 processes x 4 devices "
+    f'at a peak of {min(tb_peaks):.2f}-{max(tb_peaks):.2f} GB a process'
+  )
+
+
+def _criteo_pipeline(path: str) -> str:
+  text = (REPO_ROOT / path).read_text()
+  prepare = re.search(r'preparing, uncompressed \| [^|]+\| ([\d,]+) rows/s per core', text).group(1)
+  read = re.search(r'2 processes x 1 replica x 256 \| ([\d,]+) examples/s per process', text).group(1)
+  train = re.search(r'2 processes x 1 replica x 256, [\d,]+ examples \|[^|]+\|[^|]+\| (\d+)x', text).group(1)
+  return (
+    f'prepares {prepare} rows/s per core; reads {read} examples/s per process with two processes (one replica '
+    f"each), {train}x a replica's training pace"
+  )
+
+
+HEADLINES: dict[str, Callable[[str], str]] = {
+  'benchmarks/results/default_quality.md': _default_problem,
+  'benchmarks/results/throughput.md': _throughput,
+  'benchmarks/results/sync_study.md': _sync_study,
+  'benchmarks/results/shadow_overhead.md': _shadow_overhead,
+  'benchmarks/results/across_hosts.md': _across_hosts,
+  'benchmarks/results/sweep/sweep.csv': _sweep,
+  'benchmarks/results/stragglers.md': _stragglers,
+  'benchmarks/results/gba_study.md': _gba,
+  'benchmarks/results/recovery.md': _cpr,
+  'benchmarks/results/real_failures.md': _real_failures,
+  'benchmarks/results/table_size.md': _table_size,
+  'benchmarks/results/criteo_pipeline.md': _criteo_pipeline,
+}
+# Figures a headline may quote that are no measurement: the targets it is read against.
+TARGETS: dict[str, Any] = {
+  'benchmarks/results/default_quality.md': 3.0,
+  'benchmarks/results/throughput.md': {128: 0.5, 1024: 0.75},
+  'benchmarks/results/shadow_overhead.md': 0.95,
+  'benchmarks/results/real_failures.md': 0.2,
+}
+
+
+def sentence(path: str) -> str:
+  """The headline of the result file at `path` (relative to the repository)."""
+  return HEADLINES[path](path)
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+  """(result file path, the quoted headline) for every headline block of a page."""
+  return [(m.group('path'), m.group('body')) for m in _BLOCK.finditer(text)]
+
+
+def pages(root: pathlib.Path = REPO_ROOT) -> list[pathlib.Path]:
+  """The pages that may quote headlines: the README and every page under docs/."""
+  return [root / 'README.md', *sorted((root / 'docs').rglob('*.md'))]
+
+
+def refresh(only: str | pathlib.Path | None = None, root: pathlib.Path = REPO_ROOT) -> list[pathlib.Path]:
+  """Rewrites the headline blocks (of `only`'s file, if given) from their result files; returns the pages changed."""
+  only_path = None if only is None else pathlib.Path(only).resolve()
+  changed = []
+  for page in pages(root):
+    text = page.read_text()
+
+    def block(match: re.Match) -> str:
+      path = match.group('path')
+      if (only_path is not None and (root / path).resolve() != only_path) or path not in HEADLINES:
+        return match.group(0)
+      return f'<!-- headline: {path} -->{sentence(path)}<!-- /headline -->'
+
+    new = _BLOCK.sub(block, text)
+    if new != text:
+      page.write_text(new)
+      changed.append(page)
+  return changed
