@@ -98,3 +98,26 @@ def test_every_headline_figure_is_a_figure_of_its_result_file_or_a_target():
     targets = {f'{t:g}' for t in (targets.values() if isinstance(targets, dict) else [targets] if targets else [])}
     for figure in _figures(text):
       assert figure in targets or _holds(result, figure), f'{path}: {figure!r} of its headline is not in the file'
+
+
+_DECIMAL = re.compile(r'(?<![\w.])\d[\d,]*\.\d+(?!\d)')
+_NOT_MEASURED = re.compile(r'<!-- not measured: (?P<figures>.*?) -->', re.S)
+
+
+def test_every_figure_of_a_study_page_is_in_a_result_file_it_links_or_said_to_be_no_measurement():
+  """A page's prose quotes figures of its result files; settings, targets, data sizes and the papers' figures are
+  listed in the page's `<!-- not measured: ... -->` comment, so a typed measurement cannot hide among them."""
+  problems = []
+  for page in sorted((REPO_ROOT / 'docs' / 'studies').glob('*.md')):
+    text = page.read_text()
+    prose = _NOT_MEASURED.sub('', text)
+    for _, body in report.embedded_blocks(text) + headlines.blocks(text):
+      prose = prose.replace(body, '')
+    prose = re.sub(r'arXiv:\S+|\d+\.\d+\.\d+\.\d+', '', prose)  # Paper ids and addresses.
+    results = sorted(set(re.findall(r'benchmarks/results/[\w./-]+\.(?:md|csv)', text)))
+    corpus = '\n'.join((REPO_ROOT / r).read_text() for r in results if (REPO_ROOT / r).exists())
+    declared = {f for m in _NOT_MEASURED.finditer(text) for f in _DECIMAL.findall(m.group('figures'))}
+    for figure in _DECIMAL.findall(prose):
+      if figure not in declared and not _holds(corpus, figure):
+        problems.append(f'{page.name}: {figure}')
+  assert not problems, f'figures in no result file the page links: {problems}'
