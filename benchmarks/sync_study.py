@@ -1,6 +1,6 @@
-r"""The ShadowSync study: every sync algorithm on the same data, R replicas, total training data fixed, one run.
+r"""The ShadowSync study: every sync algorithm on the same data, R replicas, total training data fixed, per seed.
 
-  python -m benchmarks.sync_study [--repeats=3] [--num_replicas=8] [--batch_size=256] \
+  python -m benchmarks.sync_study [--seeds=0,1,2] [--repeats=1] [--num_replicas=8] [--batch_size=256] \
       [--num_train_examples=2000000] [--min_interval_s=auto|SECONDS] [--out=benchmarks/results/sync_study.md]
 
 What it runs and measures, and the table it prints and writes to `--out`: `shadowsync_jax.studies.sync_study`.
@@ -33,6 +33,7 @@ flags.DEFINE_integer(
   'Runs of the whole grid, interleaved; examples/sec is the best of them (on a '
   'shared machine the best run is the least disturbed one), NE and the rest from the first.',
 )
+flags.DEFINE_list('seeds', ['0', '1', '2'], 'config.seed of each grid; NE is compared within a seed.')
 FLAGS = flags.FLAGS
 
 
@@ -55,6 +56,7 @@ def main(argv):
     what=FLAGS.what,
     embedding_placement=FLAGS.embedding_placement,
     repeats=FLAGS.repeats,
+    seeds=tuple(int(seed) for seed in FLAGS.seeds),
   )
   root = pathlib.Path(tempfile.mkdtemp(prefix='sync_study_'))
   rows = sync_study.run(base, settings, root)

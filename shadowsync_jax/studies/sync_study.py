@@ -1,17 +1,19 @@
-r"""The ShadowSync study: every sync algorithm on the same data, R replicas, total training data fixed, one run.
+r"""The ShadowSync study: every sync algorithm on the same data, R replicas, total training data fixed, per seed.
 
   from experiments.configs import default
-  settings = sync_study.Settings(num_replicas=8, repeats=3)
+  settings = sync_study.Settings(num_replicas=8, seeds=(0, 1, 2))
   rows = sync_study.run(default.get_config(), settings, root='/tmp/sync_study')
   print(sync_study.table(rows))
 
 On the default config (batch 256 per replica, the whole embedded stream of 2M examples) but 8 replicas. Runs
 `none`, `sync_sgd`, the three foreground algorithms (every `settings.every_k_steps`), the three shadow algorithms,
 and then each foreground algorithm again with k equal to its shadow counterpart's measured mean sync gap, as the
-ShadowSync paper compares them. The shadow rounds keep the default pace, `sync.min_interval_s='auto'` (paced to
+ShadowSync paper compares them. The grid runs once per seed of `settings.seeds` (`config.seed`: the stream, the
+teacher and the initial model); NE is compared within a seed and the table gives the mean and the range over the
+seeds. The shadow rounds keep the default pace, `sync.min_interval_s='auto'` (paced to
 cost at most `sync.max_overhead` of the trainers' throughput), unless `settings.min_interval_s` sets one. With
-`settings.repeats=N` the whole grid runs N times in turn and examples/sec is the best of the N (external load only
-ever slows a run down). `table` is a markdown table (eval NE, AUC, examples/sec and its ratio to `none`, rounds,
+`settings.repeats=N` each seed's grid runs N times in turn and examples/sec is the best of the N (external load
+only ever slows a run down). `table` is a markdown table (eval NE, AUC, examples/sec and its ratio to `none`, rounds,
 mean sync gap, the shadow rounds' pace); `note` names every setting changed from the defaults
 (`benchmarks.sync_study` writes both, with the raw summaries as JSON, to its `--out`).
 """
@@ -40,6 +42,7 @@ class Settings(NamedTuple):
   what: str = 'all'  # What a round syncs: 'all' or 'dense'.
   embedding_placement: str = 'replicated'
   repeats: int = 1  # Runs of the whole grid; examples/sec is the best of them, the rest from the first.
+  seeds: tuple[int, ...] = (0, 1, 2)  # config.seed of each grid.
 
 
 def config_for(
@@ -87,16 +90,25 @@ def _run(
 
 
 def run(base: ml_collections.ConfigDict, settings: Settings, root: str | pathlib.Path) -> list[dict[str, Any]]:
+  """The grid of every seed (`root/seed<s>`); the summaries, each with its 'label' and 'seed'."""
+  rows = []
+  for seed in settings.seeds:
+    seeded = copy.deepcopy(base)
+    seeded.seed = seed
+    rows += [{**row, 'seed': seed} for row in _run_seed(seeded, settings, pathlib.Path(root) / f'seed{seed}')]
+  return rows
+
+
+def _run_seed(base: ml_collections.ConfigDict, settings: Settings, root: pathlib.Path) -> list[dict[str, Any]]:
   """The grid, `settings.repeats` times (repeat r in `root/r<r>`); the first repeat's summaries, each with its
   'label', and examples/sec the best of the repeats."""
-  root = pathlib.Path(root)
   k = settings.every_k_steps
   rows = [_run(base, settings, a, a, k, root / 'r0') for a in ALGORITHMS]
   gap_runs = []
   for name in ('ma', 'ea', 'bmuf'):
     shadow = next(r for r in rows if r['label'] == f'shadow_{name}')
     gap = max(1, round(shadow['mean_sync_gap'] or k))
-    gap_runs.append((f'fr_{name} (k={gap}, the shadow gap)', f'fr_{name}', gap))
+    gap_runs.append((f'fr_{name} at the shadow gap', f'fr_{name}', gap))
   rows += [_run(base, settings, label, algorithm, gap, root / 'r0') for label, algorithm, gap in gap_runs]
   runs = [(a, a, k) for a in ALGORITHMS] + gap_runs
   for repeat in range(1, settings.repeats):
@@ -107,31 +119,40 @@ def run(base: ml_collections.ConfigDict, settings: Settings, root: str | pathlib
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-  """A row a run: eval NE (and against sync_sgd's), AUC, examples/sec (and against none's), rounds, mean sync gap,
-  pace; the Bayes NE floor below."""
-  none_eps = next(r['examples_per_sec'] for r in rows if r['label'] == 'none')
-  sync_ne = next(r['eval_ne'] for r in rows if r['label'] == 'sync_sgd')
-  floor = rows[0]['bayes_ne']
+  """A row a run (label): eval NE against sync_sgd's of the same seed (mean, and the range over the seeds), AUC,
+  examples/sec (and against none's), rounds, mean sync gap, pace (means over the seeds); the Bayes NE floors below."""
+  seeds = sorted({r['seed'] for r in rows})
+  by = {(r['label'], r['seed']): r for r in rows}
+  mean = lambda values: sum(values) / len(values)
   lines = [
-    '| run | eval NE | NE vs sync_sgd | AUC | examples/sec | vs none | rounds | mean sync gap | pace (s) |',
+    '| run | eval NE (mean) | NE vs sync_sgd: mean (min to max) | AUC (mean) | examples/sec (mean) | vs none | '
+    'rounds (mean) | mean sync gap | pace (s) |',
     '|---|---|---|---|---|---|---|---|---|',
   ]
-  for r in rows:
-    gap = '' if r['mean_sync_gap'] is None else f'{r["mean_sync_gap"]:.1f}'
-    pace = '' if r.get('sync_interval_s') is None else f'{r["sync_interval_s"]:.2f}'
+  for label in dict.fromkeys(r['label'] for r in rows):
+    runs = [by[(label, s)] for s in seeds]
+    gaps = [100 * (by[(label, s)]['eval_ne'] / by[('sync_sgd', s)]['eval_ne'] - 1) for s in seeds]
+    speed = [by[(label, s)]['examples_per_sec'] / by[('none', s)]['examples_per_sec'] for s in seeds]
+    sync_gaps = [r['mean_sync_gap'] for r in runs if r['mean_sync_gap'] is not None]
+    paces = [r['sync_interval_s'] for r in runs if r.get('sync_interval_s') is not None]
+    spread = f' ({min(gaps):+.2f}% to {max(gaps):+.2f}%)' if len(seeds) > 1 else ''
     lines.append(
-      f'| {r["label"]} | {r["eval_ne"]:.4f} | {100 * (r["eval_ne"] / sync_ne - 1):+.2f}% | '
-      f'{r["eval_auc"]:.4f} | {r["examples_per_sec"]:,.0f} | {r["examples_per_sec"] / none_eps:.2f} | '
-      f'{r["sync_rounds"]} | {gap} | {pace} |'
+      f'| {label} | {mean([r["eval_ne"] for r in runs]):.4f} | {mean(gaps):+.2f}%{spread} | '
+      f'{mean([r["eval_auc"] for r in runs]):.4f} | {mean([r["examples_per_sec"] for r in runs]):,.0f} | '
+      f'{mean(speed):.2f} | {mean([r["sync_rounds"] for r in runs]):.0f} | '
+      f'{f"{mean(sync_gaps):.1f}" if sync_gaps else ""} | {f"{mean(paces):.2f}" if paces else ""} |'
     )
-  lines.append(f'\nBayes NE floor: {floor:.4f}' if floor else '')
+  floors = ', '.join(f'{by[("none", s)]["bayes_ne"]:.4f} (seed {s})' for s in seeds if by[('none', s)]['bayes_ne'])
+  if floors:
+    lines.append(f'\nBayes NE floor: {floors}')
   return '\n'.join(lines)
 
 
 def note(variant: str, base: ml_collections.ConfigDict, settings: Settings, rows: list[dict[str, Any]]) -> str:
   """The setup under the table: the `variant` config ('default', 'tiny': `base`) and what the study changed."""
   return (
-    f'The {variant} config but {changed_settings(base, settings)}; best examples/sec of '
-    f'{settings.repeats} runs, {rows[0]["train_examples"]:,} training examples in all (whole global steps). Pace: '
-    'the interval between round starts the shadow rounds ended on.'
+    f'The {variant} config but {changed_settings(base, settings)}; seeds {", ".join(map(str, settings.seeds))} '
+    f'(each its own stream, teacher and initial model; NE compared within a seed); best examples/sec of '
+    f'{settings.repeats} run(s) a seed, then the mean over the seeds; {rows[0]["train_examples"]:,} training '
+    'examples in all (whole global steps). Pace: the interval between round starts the shadow rounds ended on.'
   )
