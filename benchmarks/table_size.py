@@ -20,6 +20,7 @@ from absl import flags
 
 from shadowsync_jax import cli
 from shadowsync_jax.studies import report
+from shadowsync_jax.studies import result_files
 from shadowsync_jax.studies import table_size
 
 flags.DEFINE_integer('examples', 300_000, 'Training examples of every job.')
@@ -41,9 +42,9 @@ def main(argv):
   updated = ''
   if FLAGS.update:
     fresh = {row['cell']: row for row in rows}
-    before = report.command_of(FLAGS.out)
+    before = result_files.command_of(FLAGS.out)
     updated = f' Rerun by this command: {"; ".join(fresh)}; every other row from `{before}`.'
-    rows = [fresh.pop(row['cell'], row) for row in report.read_rows(FLAGS.out)] + list(fresh.values())
+    rows = [fresh.pop(row['cell'], row) for row in result_files.read_rows(FLAGS.out)] + list(fresh.values())
   text = table_size.table(rows)
   print(text)
   out = pathlib.Path(FLAGS.out)

@@ -20,14 +20,14 @@ import re
 import statistics
 from typing import Any
 
-from shadowsync_jax.studies import report
+from shadowsync_jax.studies import result_files
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 _BLOCK = re.compile(r'<!-- headline: (?P<path>\S+) -->(?P<body>.*?)<!-- /headline -->', re.S)
 
 
 def _rows(path: str) -> Any:
-  return report.read_rows(REPO_ROOT / path)
+  return result_files.read_rows(REPO_ROOT / path)
 
 
 def _pct(value: float) -> str:
@@ -83,8 +83,7 @@ def _sync_study(path: str) -> str:
   )
   return (
     f"on the default config with 8 replicas, at the default pace, the shadow algorithms' NE is within {worst:.2f}% "
-    f"of `sync_sgd`'s in every run ({each}; "
-    + (f'means over {len(seeds)} seeds)' if len(seeds) > 1 else 'one seed)')
+    f"of `sync_sgd`'s in every run ({each}; " + (f'means over {len(seeds)} seeds)' if len(seeds) > 1 else 'one seed)')
   )
 
 

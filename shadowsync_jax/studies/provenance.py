@@ -10,8 +10,9 @@ The code a result measures is every file of the repository whose module the stud
 blob hash as it was when the result was written (uncommitted edits included), and, when the study ran jobs of their
 own processes (`studies.jobs`, `parallel.supervisor`), every file of the library but `studies` (no job imports it)
 and of `experiments`: what a change must touch to change the result. Left out: the modules that write, date and read
-result files (`WRITERS`: this one, `report`, `staleness`, `headlines`), which measure nothing. The machine's load is
-read when this module is imported (a study binary imports it at its start) and again when the record is made."""
+result files (`WRITERS`: this one, `report`, `result_files`, `staleness`, `headlines`), which measure nothing. The
+machine's load is read when this module is imported (a study binary imports it at its start) and again when the
+record is made."""
 
 import datetime
 import json
@@ -29,7 +30,9 @@ LOAD_AT_START = os.getloadavg()
 _JOB_RUNNERS = ('shadowsync_jax.studies.jobs', 'shadowsync_jax.parallel.supervisor')
 _JOB_CODE = ('shadowsync_jax', 'experiments')
 _NOT_JOB_CODE = 'shadowsync_jax/studies/'  # The library never imports studies: no job runs them.
-WRITERS = tuple(f'shadowsync_jax/studies/{name}.py' for name in ('provenance', 'report', 'staleness', 'headlines'))
+WRITERS = tuple(
+  f'shadowsync_jax/studies/{name}.py' for name in ('provenance', 'report', 'result_files', 'staleness', 'headlines')
+)
 _COMMENT = re.compile(r'<!-- provenance: (?P<json>\{.*?\}) -->', re.S)
 
 

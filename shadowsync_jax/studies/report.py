@@ -74,18 +74,6 @@ def write(
   return out
 
 
-def read_rows(out: str | pathlib.Path) -> Any:
-  """The raw summaries a result file holds (what `write` was given as `rows`, configs left out)."""
-  text = pathlib.Path(out).read_text()
-  return json.loads(text.split('```json\n', 1)[1].split('\n```', 1)[0])
-
-
-def command_of(out: str | pathlib.Path) -> str:
-  """The command a result file says wrote it (the first line in backticks after its title)."""
-  text = pathlib.Path(out).read_text()
-  return text.split('\n\n', 1)[1].split('\n\n', 1)[0].strip().strip('`')
-
-
 def shown_in_docs(result_text: str) -> str:
   """What a docs page shows of a result file: everything between its title and the raw summaries (the command,
   the note, the table), but where its runs were."""

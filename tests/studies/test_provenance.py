@@ -10,6 +10,7 @@ from shadowsync_jax.studies import bracketed  # noqa: F401  (a module of the stu
 from shadowsync_jax.studies import jobs
 from shadowsync_jax.studies import provenance
 from shadowsync_jax.studies import report
+from shadowsync_jax.studies import result_files
 from shadowsync_jax.studies import staleness
 from shadowsync_jax.studies import stragglers
 
@@ -51,7 +52,7 @@ def test_a_result_file_records_its_command_commit_machine_and_measured_code(tmp_
   assert not set(provenance.WRITERS) & set(record['measures'])
   shown = report.shown_in_docs(text)
   assert provenance.line(record) in shown and '<!-- provenance' not in shown  # Docs show the sentence only.
-  assert report.read_rows(out) == [{'a': 1}]
+  assert result_files.read_rows(out) == [{'a': 1}]
 
 
 def test_a_study_that_runs_jobs_measures_the_library_the_jobs_run_but_not_the_studies():
