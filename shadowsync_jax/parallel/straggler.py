@@ -3,18 +3,20 @@
   delay = straggler.Straggler(slowdown=2.0)
   for step in ...:
     state, metrics = train_step(state, batch)
-    delay.after_step(metrics)      # waits for the step; once calibrated, sleeps (slowdown - 1) x its own step time
+    delay.after_step(metrics)      # waits for the step; once calibrated, sleeps until slowdown x its own step time
   delay.restart()                  # after a wait that is no step (another process compiling): not timed
 
 Its own step time is measured before it is slowed: the median of its first `calibration_steps` steps after the
 first (which compiles), each timed from the end of the previous `after_step` to the moment its results are ready
 (data, dispatch, compute and the step's collectives: everything the loop does per step), while every process runs
-at the same pace. From then on it sleeps (slowdown - 1) times that after every step. So the sleep is a multiple of
-its own work, never of the time it waits for slower peers: timing every step and sleeping a multiple of it would
-multiply the waits too (under sync_sgd each step waits on the all-reduce, and a "2x" straggler slowed the job
-3.6x). Under sync_sgd a 2x straggler holds a job of equal processes to 1/2 of its pace; without per-step
+at the same pace. From then on each of its steps lasts `slowdown` times that: after a step it sleeps what is left
+of that period (nothing when the step alone took longer). So the slowdown is of its own work, never a multiple of
+the time it waits for its peers: timing every step and sleeping a multiple of it multiplied the waits too (under
+sync_sgd a "2x" straggler slowed the job 3.6x); and sleeping a fixed (slowdown - 1) x its step still overshot
+(2.55x), because a straggler that wakes to a peer parked in the all-reduce steps slower than one in step with it.
+Under sync_sgd a 2x straggler then holds a job of equal processes to about 1/2 of its pace; without per-step
 collectives it runs at 1/2 of its own. Waiting for every step costs it its one-step dispatch overlap, in the
-calibration too, so the sleep is measured against the same kind of step.
+calibration too, so the period is measured against the same kind of step.
 """
 
 import statistics
@@ -29,7 +31,7 @@ CALIBRATION_STEPS = 20  # Steps timed, not slowed, before the straggler sleeps a
 
 
 class Straggler:
-  """Sleeps after each step so that the process's own steps take `slowdown` times as long (1.0: no delay, no
+  """Sleeps after each step so that the process's steps last `slowdown` times its own step time (1.0: no delay, no
   waiting)."""
 
   def __init__(self, slowdown: float, calibration_steps: int = CALIBRATION_STEPS):
@@ -55,7 +57,7 @@ class Straggler:
       if len(self._step_times) == self._calibration_steps:
         self.own_step_s = statistics.median(self._step_times)
     else:
-      delay = (self.slowdown - 1) * self.own_step_s
+      delay = max(0.0, self.slowdown * self.own_step_s - (time.perf_counter() - self._last_end))
       time.sleep(delay)
       self.slept_s += delay
     self._last_end = time.perf_counter()

@@ -23,7 +23,9 @@ def _run(delay, clock, step_s):
   delay.after_step(None)
 
 
-def test_a_straggler_sleeps_a_multiple_of_its_own_calibrated_step_never_of_its_waits(monkeypatch):
+def test_a_straggler_paces_its_steps_to_slowdown_times_its_own_calibrated_step_never_a_multiple_of_its_waits(
+  monkeypatch,
+):
   clock = _Clock()
   monkeypatch.setattr(straggler, 'time', clock)
   delay = straggler.Straggler(slowdown=3.0, calibration_steps=3)
@@ -36,9 +38,12 @@ def test_a_straggler_sleeps_a_multiple_of_its_own_calibrated_step_never_of_its_w
   start = clock.now
   _run(delay, clock, step_s=0.02)
   assert clock.now - start == pytest.approx(3 * 0.02) and delay.slept_s == pytest.approx(2 * 0.02)
-  # A step that waited long for its peers (an all-reduce behind a slower process): the sleep stays the same.
+  # A step that took longer (a wait for a peer): it sleeps what is left of the period, nothing past it.
+  start = clock.now
+  _run(delay, clock, step_s=0.05)
+  assert clock.now - start == pytest.approx(3 * 0.02) and delay.slept_s == pytest.approx(2 * 0.02 + 0.01)
   _run(delay, clock, step_s=0.5)
-  assert delay.slept_s == pytest.approx(4 * 0.02)
+  assert delay.slept_s == pytest.approx(2 * 0.02 + 0.01)
 
 
 def test_no_slowdown_never_waits_nor_sleeps(monkeypatch):
