@@ -72,9 +72,9 @@ def summary(delay: Straggler, straggler_process: int) -> dict[str, float | None]
   """The straggler process's figures for summary.json, on every process (a collective: every process calls it):
   straggler_sleep_s (its sleeps, summed) and straggler_step_s (the own step time they multiply); 0 and None
   without a straggler."""
-  slept, own = (replicas.gather_from_processes(x) for x in (delay.slept_s, delay.own_step_s or 0.0))
-  if straggler_process < 0:
+  if straggler_process < 0:  # The same config on every process: none of them gathers.
     return {'straggler_sleep_s': 0.0, 'straggler_step_s': None}
+  slept, own = (replicas.gather_from_processes(x) for x in (delay.slept_s, delay.own_step_s or 0.0))
   return {
     'straggler_sleep_s': float(slept[straggler_process]),
     'straggler_step_s': float(own[straggler_process]) or None,

@@ -268,7 +268,7 @@ def pages(root: pathlib.Path = REPO_ROOT) -> list[pathlib.Path]:
 def refresh(only: str | pathlib.Path | None = None, root: pathlib.Path = REPO_ROOT) -> list[pathlib.Path]:
   """Rewrites the headline blocks (of `only`'s file, if given) from their result files; returns the pages changed."""
   only_path = None if only is None else pathlib.Path(only).resolve()
-  changed = []
+  changed, sentences = [], {}  # A file's headline, read once for every page that quotes it.
   for page in pages(root):
     text = page.read_text()
 
@@ -276,7 +276,9 @@ def refresh(only: str | pathlib.Path | None = None, root: pathlib.Path = REPO_RO
       path = match.group('path')
       if (only_path is not None and (root / path).resolve() != only_path) or path not in HEADLINES:
         return match.group(0)
-      return f'<!-- headline: {path} -->{sentence(path)}<!-- /headline -->'
+      if path not in sentences:
+        sentences[path] = sentence(path)
+      return f'<!-- headline: {path} -->{sentences[path]}<!-- /headline -->'
 
     new = _BLOCK.sub(block, text)
     if new != text:
