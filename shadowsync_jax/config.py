@@ -495,15 +495,11 @@ def _check_recovery(config: ml_collections.ConfigDict, num_processes: int) -> No
       raise ConfigError(f'{key}=0: use a negative value for the measured cost or a positive one to emulate one.')
   if recovery.mode == 'none':
     return
-  if config.sync.embedding_placement == 'sharded' and (num_processes == 1 or recovery.mode != 'full'):
+  if config.sync.embedding_placement == 'sharded' and num_processes == 1:
     raise ConfigError(
-      f"recovery.mode={recovery.mode!r} is not implemented with sync.embedding_placement='sharded'"
-      + (
-        ' in one process (emulated failures split the tables into their own shards): use several processes'
-        if num_processes == 1
-        else " (a process restores its own shards only with recovery.mode='full' yet)"
-      )
-      + ", or recovery.mode='none'."
+      f"recovery.mode={recovery.mode!r} is not implemented with sync.embedding_placement='sharded' in one process "
+      '(emulated failures split the tables into their own shards): use several processes, or '
+      "recovery.mode='none'."
     )
   if config.sync.algorithm in PARAMETER_SERVER_ALGORITHMS:
     raise ConfigError(

@@ -7,6 +7,11 @@
   saved = saver.latest()                       # (step, rows_K, {'table': [R, K, D], ...}) of the newest save
   saver.close()
 
+  # Row-sharded tables: this process's shards [first, first + L) of `layout`, each device `rows_held` local rows.
+  saver = priority_rows.PrioritySaver(..., shards=priority_rows.HeldShards(layout, first, L, rows_held))
+  saver.save(step, rows)                       # rows {'table': [L, rows_held, D], ...}: each shard's own top rows
+  saved = saver.latest()                       # (step, rows_LxK, {'table': [L, K, D], ...}): local rows per shard
+
 Maeng et al., "CPR: Understanding and Improving Failure Tolerant Training for Deep Learning Recommendation with
 Partial Recovery" (MLSys 2021, arXiv:2011.02999): under partial recovery a failed embedding shard loses the
 updates its rows took since the last checkpoint, and the most used rows took most of them, so saving those rows
@@ -27,6 +32,13 @@ from a second thread while the training thread saves (concurrent saves were seen
 signalling), and its per-save bookkeeping blocks the caller 15-60 ms here, more than writing a few thousand rows.
 An error in a thread is raised by the next call. The directory is emptied when a saver is made: saves of an
 earlier process may be newer than the checkpoint a resumed run restarts from.
+
+With row-sharded tables (`HeldShards`) a process holds, on each of its L devices, one shard of the concatenated
+table (row e on shard e % S as local row e // S: `table_placement.ShardLayout`), and every replica's lookups reach
+the shard that owns the row. So it counts the lookups of its shards' rows, whichever replica made them (its saver
+sees only its own replicas' batches: a shard's counts are a sample of its rows' use, ranked like SSU's), and each
+shard saves its own K = floor(fraction * V / S) most used local rows: `rows` is then [L, K], one row list per
+shard, and a restore writes shard l's rows into shard l (`restore.write_rows_per_replica`).
 """
 
 from collections.abc import Callable, Sequence
@@ -35,12 +47,13 @@ import os
 import pathlib
 import queue
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from shadowsync_jax.model import embedding
+from shadowsync_jax.model import table_placement
 from shadowsync_jax.recovery import row_usage
 
 PyTree = Any
@@ -55,6 +68,23 @@ def fixed_size_top_rows(counts_V: np.ndarray, num_rows: int) -> np.ndarray:
     unused = np.setdiff1d(np.arange(counts_V.shape[0], dtype=np.int32), top, assume_unique=True)
     top = np.sort(np.concatenate([top, unused[: num_rows - top.shape[0]]])).astype(np.int32)
   return top
+
+
+class HeldShards(NamedTuple):
+  """The shards of a row-sharded table one process holds: shards [first, first + count) of `layout`, each device
+  `rows_held` local rows (its shard's rows, padded)."""
+
+  layout: table_placement.ShardLayout
+  first: int
+  count: int
+  rows_held: int
+
+  def local_index(self, row_ids: np.ndarray) -> np.ndarray:
+    """Rows of the concatenated table -> index into this process's shards laid end to end (shard-major): -1 for a
+    row another process holds."""
+    shard = self.layout.shard_of(row_ids) - self.first
+    mine = (shard >= 0) & (shard < self.count)
+    return np.where(mine, shard * self.rows_held + self.layout.local_row(row_ids), -1)
 
 
 class _Worker:
@@ -113,12 +143,16 @@ class PrioritySaver:
     sample_rate: float | None,
     seed: int,
     max_to_keep: int = 2,
+    shards: HeldShards | None = None,
   ):
     self.num_rows = int(sum(cardinalities))
-    self.rows_per_save = int(fraction * self.num_rows)
+    self._shards = shards
+    rows_ranked = self.num_rows if shards is None else shards.layout.rows_per_shard
+    self.rows_per_save = int(fraction * rows_ranked)  # Per shard, with `shards`.
     if self.rows_per_save < 1:
-      raise ValueError(f'recovery.priority_fraction={fraction} of {self.num_rows} embedding rows is no row.')
-    self.counts_V = np.zeros(self.num_rows, np.int64)  # Written by the counting thread only.
+      raise ValueError(f'recovery.priority_fraction={fraction} of {rows_ranked} embedding rows is no row.')
+    # Written by the counting thread only. Sharded: this process's shards laid end to end.
+    self.counts_V = np.zeros(self.num_rows if shards is None else shards.count * shards.rows_held, np.int64)
     self._offsets_T = embedding.table_offsets(cardinalities)
     self._sample_rate = sample_rate
     self._rng = np.random.default_rng([0x55_0C_0A7, seed])
@@ -141,17 +175,29 @@ class PrioritySaver:
 
   def save(self, step: int, rows: dict[str, jax.Array]) -> np.ndarray:
     """Starts saving the top rows of `rows` (leaves [R, V, ...]), ranked on the counts of the previous save (on all
-    counts so far at the first save); returns their ids."""
+    counts so far at the first save); returns their ids ([K]; with `shards`, [L, K] local rows of each shard)."""
     self._hand_over()
     if self._ranked is None:
       self._counter.join()
-      rows_K = fixed_size_top_rows(self.counts_V, self.rows_per_save)
+      rows_K = self._top_rows()
     else:
       rows_K = self._ranked.result()
     self._ranked = futures.Future()  # The next save's rows: the counts up to here, ranked in the background.
     self._counter.put(self._ranked)
-    self._writer.put((step, rows_K, row_usage.extract_rows(rows, rows_K, row_axis=1)))
+    if self._shards is None:
+      values = row_usage.extract_rows(rows, rows_K, row_axis=1)
+    else:
+      values = row_usage.extract_rows_per_replica(rows, rows_K)
+    self._writer.put((step, rows_K, values))
     return rows_K
+
+  def _top_rows(self) -> np.ndarray:
+    """The rows the next save takes: the most counted ones, [K]; with `shards`, each shard's own, [L, K]."""
+    if self._shards is None:
+      return fixed_size_top_rows(self.counts_V, self.rows_per_save)
+    shards, per_shard = self._shards, self._shards.layout.rows_per_shard
+    counts_LxV = self.counts_V.reshape(shards.count, shards.rows_held)[:, :per_shard]  # Never a padding row.
+    return np.stack([fixed_size_top_rows(counts_V, self.rows_per_save) for counts_V in counts_LxV])
 
   def wait(self) -> None:
     """Returns when every save handed over is on disk."""
@@ -177,9 +223,12 @@ class PrioritySaver:
 
   def _count(self, batches: list[np.ndarray] | futures.Future) -> None:
     if isinstance(batches, futures.Future):  # A request to rank the counts so far.
-      batches.set_result(fixed_size_top_rows(self.counts_V, self.rows_per_save))
+      batches.set_result(self._top_rows())
       return
     row_ids = np.concatenate([np.asarray(ids).reshape(-1, ids.shape[-1]) for ids in batches]) + self._offsets_T
+    if self._shards is not None:
+      row_ids = self._shards.local_index(row_ids)
+      row_ids = row_ids[row_ids >= 0]
     if self._sample_rate is None:
       row_usage.count_lookups(self.counts_V, row_ids)
     else:
@@ -199,8 +248,8 @@ class PrioritySaver:
 
 
 def read_latest(directory: str | pathlib.Path) -> tuple[int, np.ndarray, dict[str, np.ndarray]] | None:
-  """The newest complete save in `directory` as (step, rows_K, {leaf: [R, K, ...]}), or None: what a process that
-  died saved, read before a new saver empties the directory."""
+  """The newest complete save in `directory` as (step, rows_K or rows_LxK, {leaf: [R, K, ...]}), or None: what a
+  process that died saved, read before a new saver empties the directory."""
   directory = pathlib.Path(directory)
   steps = _saved_steps(directory) if directory.is_dir() else []
   if not steps:

@@ -40,6 +40,7 @@ import ml_collections
 import numpy as np
 
 from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.model import table_placement
 from shadowsync_jax.parallel import control
 from shadowsync_jax.parallel import distributed
 from shadowsync_jax.parallel import history
@@ -120,8 +121,9 @@ class RealFailures:
     elif source == 'checkpoint':
       tree, _ = self._checkpointer.restore(restored_step, abstract)
     state_L, sync_state_L = tree['train'], tree.get('sync')
+    priority_step = None
     if source == 'checkpoint' and self.mode in ('cpr_mfu', 'cpr_ssu') and position > restored_step:
-      state_L = self._newer_priority_rows(state_L, restored_step, position)
+      state_L, priority_step = self._newer_priority_rows(state_L, restored_step, position)
     if position != restored_step:  # The replicas go on from the new position: their step counters too.
       counters = np.full(state_L.step.shape, position, state_L.step.dtype)
       state_L = state_L._replace(step=jax.device_put(counters, state_L.step.sharding))
@@ -134,6 +136,7 @@ class RealFailures:
       'restored_step': restored_step,
       'position': position,
       'restore_s': restore_s,
+      'priority_rows_step': priority_step,  # CPR-MFU/SSU: the step of the newer priority save restored, if any.
       'skipped_steps': plan.skipped(self._process),
       # Where the data rewinds (full recovery), the steps this process had trained past its restore are trained again.
       'retrained_steps': max(0, reached.get(self._process, position) - position),
@@ -339,25 +342,38 @@ class RealFailures:
 
   def _make_saver(self) -> priority_rows.PrioritySaver:
     recovery = self._config.recovery
+    shards = None
+    if self._config.sync.embedding_placement == 'sharded':
+      num_rows, num_local = int(sum(self._config.data.cardinalities)), self._meshes.local.shape[replicas.REPLICA_AXIS]
+      shards = priority_rows.HeldShards(
+        table_placement.ShardLayout(num_rows, self._config.num_replicas),
+        first=self._process * num_local,
+        count=num_local,
+        rows_held=table_placement.rows_held('sharded', num_rows, self._config.num_replicas),
+      )
     return priority_rows.PrioritySaver(
       self._priority_directory(),
       [int(c) for c in self._config.data.cardinalities],
       recovery.priority_fraction,
       sample_rate=recovery.ssu_sample_rate if self.mode == 'cpr_ssu' else None,
       seed=self._config.seed,
+      shards=shards,
     )
 
   def _priority_directory(self) -> pathlib.Path:
     return self._workdir / 'priority_rows' / self._writer
 
-  def _newer_priority_rows(self, state_L: Any, checkpoint_step: int, position: int) -> Any:
+  def _newer_priority_rows(self, state_L: Any, checkpoint_step: int, position: int) -> tuple[Any, int | None]:
     """The rows of this process's newest priority save newer than its checkpoint (and not past `position`) over
-    the restored ones: CPR-MFU/SSU's gain for a process that died."""
+    the restored ones, and that save's step (None: none newer): CPR-MFU/SSU's gain for a process that died."""
     saved = priority_rows.read_latest(self._priority_directory())
     if saved is None or not checkpoint_step < saved[0] <= position:
-      return state_L
-    _, rows_K, values = saved
+      return state_L, None
+    step, rows_K, values = saved
     live = restore.row_leaves(state_L)
+    if rows_K.ndim == 2:  # Row-sharded tables: each shard's own rows.
+      recovered = restore.write_rows_per_replica(live, jnp.asarray(rows_K), values)
+      return restore.with_row_leaves(state_L, restore.placed_like(recovered, live)), step
     num_local = state_L.step.shape[0]
     recovered = restore.recover_rows(
       live,
@@ -367,7 +383,7 @@ class RealFailures:
       values,
       jnp.ones((num_local, len(rows_K)), bool),
     )
-    return restore.with_row_leaves(state_L, restore.placed_like(recovered, live))
+    return restore.with_row_leaves(state_L, restore.placed_like(recovered, live)), step
 
   def _local(self, sync_state_R: PyTree) -> PyTree:
     """This process's copies of the job-wide sync state (what its checkpoints hold)."""

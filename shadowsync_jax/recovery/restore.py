@@ -84,6 +84,17 @@ def recover_rows(
   return jax.tree.map(one, live, checkpoint, priority)
 
 
+@jax.jit
+def write_rows_per_replica(live: PyTree, rows_LxK: jax.Array, values: PyTree) -> PyTree:
+  """Every leaf [L, V, ...] of `live` with replica (or shard) l's rows `rows_LxK[l]` set to `values[l]` ([L, K,
+  ...]): a priority save of row-sharded tables, each shard its own rows, written back over the restored ones."""
+
+  def one(x, v):
+    return jax.vmap(lambda x_1, rows_K, v_1: x_1.at[rows_K].set(v_1))(x, rows_LxK, v)
+
+  return jax.tree.map(one, live, values)
+
+
 def placed_like(tree: PyTree, like: PyTree) -> PyTree:
   """`tree` with the shardings of `like`, so the jitted train step sees what it was compiled for."""
   return jax.tree.map(lambda x, y: jax.device_put(x, y.sharding), tree, like)

@@ -88,6 +88,20 @@ def extract_rows(tree: PyTree, rows_K: np.ndarray, row_axis: int = 0) -> PyTree:
   return jax.tree.map(lambda x: jnp.take(x, np.asarray(rows_K, np.int32), axis=row_axis), tree)
 
 
+def extract_rows_per_replica(tree: PyTree, rows_LxK: np.ndarray) -> PyTree:
+  """Each replica's (or shard's) own rows of every leaf [L, V, ...]: replica l's rows `rows_LxK[l]` -> [L, K, ...]."""
+  return _take_per_replica(tree, jnp.asarray(rows_LxK, jnp.int32))
+
+
+@jax.jit
+def _take_per_replica(tree: PyTree, rows_LxK: jax.Array) -> PyTree:
+  def one(x):
+    index = rows_LxK.reshape(*rows_LxK.shape, *[1] * (x.ndim - 2))
+    return jnp.take_along_axis(x, index, axis=1)
+
+  return jax.tree.map(one, tree)
+
+
 def write_rows(tree: PyTree, rows_K: np.ndarray, values: PyTree, row_axis: int = 0) -> PyTree:
   """`tree` with rows `rows_K` of every leaf along `row_axis` replaced by `values` (as `extract_rows` gives)."""
   return jax.tree.map(lambda x, v: x.at[_row_index(row_axis, rows_K)].set(v), tree, values)

@@ -136,6 +136,34 @@ def test_partial_recovery_keeps_the_survivors_state_and_loses_only_the_dead_proc
   assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
 
 
+@pytest.mark.slow  # Two starts of a 2-process job.
+def test_cpr_mfu_on_sharded_tables_restores_only_the_dead_process_shards_and_nobody_rewinds(tmp_path):
+  """Process 0 (the one that writes summary.json) holds half of every table's rows and dies: it restores its own
+  shards from its checkpoint and, newer, its shards' most used rows from its priority save; process 1 keeps its
+  live shards and replicas. Both go on from where the job stopped, together (their steps are collectives)."""
+  code, output = _launch(
+    tmp_path,
+    *_SHARDED_FR_MA,
+    '--config.recovery.mode=cpr_mfu',
+    launcher_flags=('--max_restarts=1', '--kill_at=0@40'),
+  )
+  assert code == 0, output[-4000:]
+  assert '[launch] process 0 was killed by SIGKILL at step 40' in output, output[-4000:]
+  starts = _starts(tmp_path, 1)
+  dead, survivor = starts[0], starts[1]
+  assert survivor['restored'] == 'live' and dead['restored'] == 'checkpoint', starts
+  assert dead['position'] == survivor['position'] >= 40, starts  # Nobody rewinds; lock-step: one position.
+  assert dead['restored_step'] == 32 and survivor['restored_step'] > 32, starts
+  # Priority saves every EVERY / 4 steps: the newest before the position, newer than the checkpoint.
+  assert dead['priority_rows_step'] is not None and 32 < dead['priority_rows_step'] <= dead['position'], dead
+  assert dead['priority_rows_step'] % (EVERY // 4) == 0 and survivor['priority_rows_step'] is None
+  summary = json.loads((tmp_path / 'summary.json').read_text())
+  skipped = sum(s['position'] - s['restored_step'] for s in starts.values())
+  assert summary['recovery']['skipped_steps'] == skipped and summary['recovery']['retrained_steps'] == 0
+  assert summary['actual_pls'] == pytest.approx(skipped / (2 * STEPS)) and summary['train_steps'] == STEPS
+  assert summary['recovered_as'] == 'cpr_mfu' and 0 < summary['eval_ne'] < 1.0
+
+
 def test_without_restarts_a_killed_process_fails_the_job_naming_each_failure(tmp_path):
   code, output = _launch(
     tmp_path, '--config.sync.algorithm=shadow_ma', launcher_flags=('--max_restarts=0', '--kill_at=1@20')

@@ -4,7 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from shadowsync_jax.model import embedding
+from shadowsync_jax.model import table_placement
 from shadowsync_jax.recovery import priority_rows
+from shadowsync_jax.recovery import restore
 
 CARDINALITIES = [10] * 26  # V = 260; priority_fraction 0.1 -> 26 rows a save.
 
@@ -60,3 +62,45 @@ def test_sub_sampled_counts_are_a_fraction_of_the_lookups(tmp_path):
   lookups = 400 * 4 * 26
   assert abs(saver.counts_V.sum() - 0.05 * lookups) < 4 * np.sqrt(0.05 * lookups)
   assert set(np.flatnonzero(saver.counts_V)) <= set(embedding.table_offsets(CARDINALITIES) + 3)
+
+
+def test_row_sharded_tables_count_and_save_each_shard_of_this_process_its_own_rows(tmp_path):
+  """V = 260 rows on S = 4 shards (row e on shard e % 4 as local row e // 4, 65 rows, held padded to 72); this
+  process holds shards 2 and 3. It counts only their rows, and each shard saves its own most used local rows."""
+  layout = table_placement.ShardLayout(260, 4)
+  shards = priority_rows.HeldShards(layout, first=2, count=2, rows_held=72)
+  saver = priority_rows.PrioritySaver(tmp_path, CARDINALITIES, fraction=0.1, sample_rate=None, seed=0, shards=shards)
+  assert saver.rows_per_save == 6  # floor(0.1 * 65) a shard.
+  offsets_T = embedding.table_offsets(CARDINALITIES)
+  batches = _ids(3, 5) + _ids(None, 10, np.random.default_rng(1))
+  for ids in batches:
+    saver.count(ids)
+  table_LxVxD = jnp.arange(2 * 72 * 3, dtype=jnp.float32).reshape(2, 72, 3)
+  rows_LxK = saver.save(4, {'table': table_LxVxD, 'accumulator': table_LxVxD[..., 0]})
+  step, saved_rows, values = saver.latest()
+  saver.close()
+
+  every_id = np.concatenate([np.ravel(ids + offsets_T) for ids in batches])
+  for local in range(2):
+    mine = every_id[every_id % 4 == 2 + local] // 4
+    expected = np.bincount(mine, minlength=72)
+    np.testing.assert_array_equal(saver.counts_V[local * 72 : (local + 1) * 72], expected)
+    np.testing.assert_array_equal(rows_LxK[local], priority_rows.fixed_size_top_rows(expected[:65], 6))
+  hot = offsets_T + 3  # Row 3 of every table, the most used rows: 13 of them on shard 3, none on shard 2.
+  assert set(rows_LxK[1]) < set(hot[hot % 4 == 3] // 4)
+  assert step == 4 and saved_rows.shape == (2, 6)
+  np.testing.assert_array_equal(saved_rows, rows_LxK)
+  for local in range(2):
+    np.testing.assert_array_equal(values['table'][local], np.asarray(table_LxVxD)[local, rows_LxK[local]])
+    np.testing.assert_array_equal(values['accumulator'][local], np.asarray(table_LxVxD)[local, rows_LxK[local], 0])
+
+
+def test_a_shards_rows_written_back_into_that_shard_only():
+  live = {'table': jnp.zeros((2, 8, 3)), 'accumulator': jnp.zeros((2, 8))}
+  rows_LxK = jnp.array([[1, 5], [0, 7]])
+  values = {'table': jnp.ones((2, 2, 3)) * jnp.array([1.0, 2.0])[:, None, None], 'accumulator': jnp.ones((2, 2))}
+  written = restore.write_rows_per_replica(live, rows_LxK, values)
+  table = np.asarray(written['table'])
+  assert set(np.flatnonzero(table[0, :, 0])) == {1, 5} and np.all(table[0, [1, 5]] == 1.0)
+  assert set(np.flatnonzero(table[1, :, 0])) == {0, 7} and np.all(table[1, [0, 7]] == 2.0)
+  np.testing.assert_array_equal(np.flatnonzero(np.asarray(written['accumulator'])[1]), [0, 7])
