@@ -278,11 +278,15 @@ class EmulatedFailures:
       )
     if self._choice is not None:
       details['cpr_choice'] = self._choice.to_dict()
+    overhead_pct = 100 * account.overhead_s() / account.step_s if account.step_s else None
     return {
       'recovery_mode': self.requested_mode,
       'recovered_as': self.mode,
       'num_failures': len(self._failures),
-      'recovery_overhead_pct': 100 * account.overhead_s() / account.step_s if account.step_s else None,
+      'recovery_overhead_pct': overhead_pct,
+      # All of an emulated failure's cost is checkpoint-related (saves, restores, work again): no process restarts.
+      'recovery_checkpoint_overhead_pct': overhead_pct,
+      'recovery_restart_overhead_pct': 0.0 if overhead_pct is not None else None,
       'estimated_pls': estimated_pls,
       'actual_pls': actual_pls,
       'checkpoint_interval_steps': self._interval,

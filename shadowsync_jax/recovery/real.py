@@ -50,6 +50,7 @@ from shadowsync_jax.recovery import cost_model
 from shadowsync_jax.recovery import intervals
 from shadowsync_jax.recovery import live_state
 from shadowsync_jax.recovery import modes
+from shadowsync_jax.recovery import overhead
 from shadowsync_jax.recovery import priority_rows
 from shadowsync_jax.recovery import restart_plan
 from shadowsync_jax.recovery import restore
@@ -93,6 +94,8 @@ class RealFailures:
     self._control = control.ControlPipe.from_environment()
     self._saved: list[int] = []  # Steps of this generation's saves, in order.
     self._timing: tuple[float, int] | None = None  # (time, step) once the first step has run.
+    self._blocked_s = 0.0  # This start's time blocked on saves (`_saved_for`).
+    self._step_s: float | None = None  # This start's mean step time without its saves (`finish`).
     self._restored: dict[str, Any] = {}
 
   # The restart plan.
@@ -175,6 +178,7 @@ class RealFailures:
     if self._timing is None:
       self._timing = (time.perf_counter(), step)  # The first step compiled: the clock starts after it.
       self._control.ready()
+      history.append(self._workdir, self._writer, {'event': 'ready', 'generation': self._generation, 'step': step})
     distributed.report(step, 'train', checkpoint=self._saved[-2] if len(self._saved) > 1 else None)
     if self._saver is not None:
       self._saver.count(batch.sparse)
@@ -186,7 +190,9 @@ class RealFailures:
     elif self._interval and step % self._interval == 0:
       self._save(step, state_L, self._local(driver.sync_state()))
     elif self._saver is not None and step % self._priority_interval() == 0:
+      started = time.perf_counter()
       self._saver.save(step, restore.row_leaves(state_L))
+      self._saved_for(step, 'priority', time.perf_counter() - started)
     self._control.step(step)
     self._control.reached(step)
     return state_L, driver, None
@@ -201,6 +207,9 @@ class RealFailures:
 
   def finish(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
     """After the last step: the final save (this process's part), waited for."""
+    if self._timing is not None and step > self._timing[1]:  # The steps' own time, this start's saves left out.
+      trained_s = time.perf_counter() - self._timing[0] - self._blocked_s
+      self._step_s = max(0.0, trained_s) / (step - self._timing[1])
     distributed.handle_peer_loss(False)  # The loop reported 'finish' before the rounds ended.
     self._checkpointer.save(step, checkpointing.training_tree(state_L, self._local(sync_state_R)))
     self.close()
@@ -220,6 +229,13 @@ class RealFailures:
         self._interval, self._config.recovery.mtbf_steps, self._processes, self._total_steps
       )
     details = {'failures_are': 'real', 'generation': self._generation, 'this_process': self._restored, **job}
+    checkpoint_pct = restart_pct = None
+    if self._step_s and self.requested_mode != 'none':
+      costs = overhead.split(history.read(self._workdir), self._step_s)
+      failure_free_s = self._total_steps * self._step_s  # The steps' own time: the run without failures or saves.
+      checkpoint_pct = 100 * costs['checkpoint_s'] / failure_free_s
+      restart_pct = 100 * costs['restart_s'] / failure_free_s
+      details['overhead_s'] = {**costs, 'failure_free_s': failure_free_s, 'step_s': self._step_s}
     if self._choice is not None:
       details['cpr_choice'] = self._choice.to_dict()
     if self.requested_mode == 'none' and not job['num_restarts']:
@@ -229,6 +245,10 @@ class RealFailures:
       'recovered_as': self.mode,
       'num_failures': job['num_failures'],
       'recovery_overhead_pct': None,  # Wall clock across restarts: the supervisor's figure (benchmarks.real_failures).
+      # CPR's split (`overhead`), as % of the steps' own time: blocking saves + restores + work trained again, and
+      # the restarts (from each death to every process training again, restores left out).
+      'recovery_checkpoint_overhead_pct': checkpoint_pct,
+      'recovery_restart_overhead_pct': restart_pct,
       'estimated_pls': estimated_pls,
       'actual_pls': job['actual_pls'],  # Of every partial restart (none under full recovery).
       'checkpoint_interval_steps': self._interval,
@@ -294,6 +314,7 @@ class RealFailures:
     jax.block_until_ready(self._checkpointer.restore(step, checkpointing.abstract_like(tree)))
     restore_s = time.perf_counter() - started
     self._saved.append(step)
+    self._saved_for(step, 'calibration', write_s + restore_s)
     measured = {'step_s': mean_step_s, 'save_s': save_s, 'write_s': write_s, 'restore_s': restore_s}
     costs = distributed.exchange('calibration', measured)
     worst = {key: max(c[key] for c in costs) for key in measured}  # The job goes at its slowest process's pace.
@@ -328,11 +349,19 @@ class RealFailures:
   # Saves.
 
   def _save(self, step: int, state_L: Any, sync_state_L: PyTree) -> None:
+    started = time.perf_counter()
     self._checkpointer.save(step, checkpointing.training_tree(state_L, sync_state_L))
+    self._saved_for(step, 'checkpoint', time.perf_counter() - started)
     self._saved.append(step)
     if self.mode == 'full' or self._lock_step:  # Drop what no consistent cut can need any more.
       oldest_needed = min([self._saved[-2] if len(self._saved) > 1 else 0] + self._peer_checkpoints())
       self._checkpointer.delete_before(oldest_needed)
+
+  def _saved_for(self, step: int, kind: str, blocking_s: float) -> None:
+    """Writes down the time the loop was blocked on a save (CPR's checkpoint-related overhead: `overhead`)."""
+    self._blocked_s += blocking_s
+    record = {'event': 'save', 'generation': self._generation, 'process': self._process, 'step': step, 'kind': kind}
+    history.append(self._workdir, self._writer, {**record, 'blocking_s': blocking_s})
 
   def _peer_checkpoints(self) -> list[int]:
     return [status['checkpoint'] or 0 for status in distributed.peer_status().values()]

@@ -92,6 +92,13 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
     assert all(s['restored'] == 'checkpoint' and s['restored_step'] == s['position'] == cut for s in starts.values())
     assert cut % EVERY == 0 and killed_at - 2 * EVERY < cut <= killed_at, starts
   assert summary['recovery']['retrained_steps'] > 0 and summary['actual_pls'] == 0.0
+  # CPR's split: saves, restores and the rewound steps apart from the two restarts, each a share of the steps' time.
+  costs = summary['recovery']['overhead_s']
+  assert costs['save_s'] > 0 and costs['restore_s'] > 0 and costs['retrained_s'] > 0 and costs['restart_s'] > 0
+  assert summary['recovery_checkpoint_overhead_pct'] == pytest.approx(
+    100 * costs['checkpoint_s'] / costs['failure_free_s']
+  )
+  assert summary['recovery_restart_overhead_pct'] == pytest.approx(100 * costs['restart_s'] / costs['failure_free_s'])
   # Nothing lost, nothing trained twice: bit for bit the model of the run that never failed.
   assert summary['consensus_fingerprint_per_process'] == failure_free['consensus_fingerprint_per_process']
   assert summary['eval_ne'] == failure_free['eval_ne'] and summary['train_steps'] == STEPS
