@@ -17,6 +17,7 @@ prints one line, `error: ...`, and exits with status 2 (`shadowsync_jax.cli`).
 
 import faulthandler
 import json
+import os
 import signal
 import sys
 import traceback
@@ -55,6 +56,12 @@ flags.DEFINE_string(
   'JAX persistent compilation cache, so that a restarted job does not compile again (default: '
   '$JAX_COMPILATION_CACHE_DIR if set, else WORKDIR/compilation_cache; empty: none).',
 )
+flags.DEFINE_bool(
+  'standby',
+  False,
+  'Warm standby (experiments.launch starts the next start of a job ahead): import everything, then wait for one '
+  'line on stdin, JSON {"environment": {...}}, before joining the job.',
+)
 cli.define_config_flag('experiments/configs/default.py')
 FLAGS = flags.FLAGS
 
@@ -77,6 +84,8 @@ def main(argv):
   cache_dir = compilation_cache.directory_for(FLAGS.compilation_cache_dir, f'{FLAGS.workdir}/compilation_cache')
   if cache_dir:
     compilation_cache.enable(cache_dir, FLAGS.process_id)
+  if FLAGS.standby:
+    _wait_to_join()
   if FLAGS.num_processes > 1:
     distributed.initialize(
       FLAGS.coordinator_address,
@@ -117,6 +126,14 @@ def main(argv):
       f'eval NE {summary["eval_ne"]:.4f}{vs_floor}  AUC {summary["eval_auc"]:.4f}  {speed}  '
       f'-> {FLAGS.workdir}/summary.json'
     )
+
+
+def _wait_to_join() -> None:
+  """A warm standby: everything imported, it waits for the launcher's word (EOF: it was not needed)."""
+  line = sys.stdin.readline()
+  if not line:
+    sys.exit(0)
+  os.environ.update(json.loads(line)['environment'])
 
 
 if __name__ == '__main__':

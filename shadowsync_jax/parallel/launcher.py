@@ -2,7 +2,9 @@
 
   generation = launcher.Generation(train_args, num_processes=2, cpu_devices=4, peer_timeout_s=30, pin_cpus=False,
                                    coordinator_port=free_port(), number=0, kill_schedule=schedule)
-  outcome = generation.run(grace_s=60, random_kill=None)   # outcome.codes, outcome.failure, outcome.succeeded
+  standby.prepare()                                        # the next one, warm: started, imported, waiting
+  outcome = generation.run(grace_s=60, random_kill=None, on_ready=standby.prepare)
+  standby.abandon()                                        # not needed after all
 
 `supervisor` runs generations until the job succeeds (`experiments.launch` is its command line). A generation
 starts the coordination service in a process of its own (`coordinator`: so any training process may die without
@@ -10,6 +12,12 @@ taking the others down), then `python -m experiments.train` N times with `train_
 `--num_processes`, each its `--process_id` and `--cpu_devices` virtual CPU devices (so `--config.num_replicas`
 counts the replicas of the whole job). Output lines are prefixed `[p0]`, `[p1]`, ...; a usage error every process
 prints (one line `error: ...`, exit status 2: `exit_codes`) is printed once.
+
+A warm standby (`prepare`, torchft's and elastic trainers' spare workers): the coordinator and every process
+started ahead of time, each process with `--standby`, so it has imported everything (about 1.5 s a process here)
+and waits on its stdin; `run` then sends each one line (JSON: the environment it starts with, such as the step
+it is to be killed at) and it joins the job. `supervisor` prepares the next generation as soon as every process
+of the current one trains, so a restart skips the imports and the coordinator's start.
 
 Each process also gets a control pipe (`control`): it writes `ready` when it trains, every step it finishes, and
 `kill STEP` where it was asked to be killed (`fault_injection`); `outcome.steps` is how far each got. When a
@@ -24,9 +32,12 @@ at host 0's address (never 127.0.0.1), so every collective crosses that host's s
 (`netns.Partition`, generation 0 only) cut a host's link, `after_s` counted from when every process trains.
 """
 
+from collections.abc import Callable
+from concurrent import futures
 import ctypes
 import dataclasses
 import functools
+import json
 import os
 import re
 import signal
@@ -132,34 +143,85 @@ class Generation:
     self._blamed: Failure | None = None  # The first peer a process said it lost, and how.
     self._processes: list[subprocess.Popen] = []
     self._threads: list[threading.Thread] = []
+    self._coordinator: subprocess.Popen | None = None  # Started by `prepare`.
+    self._preparing = threading.Lock()  # `prepare` runs from a thread of the generation before (`on_ready`).
+    self._abandoned = False
+    self._on_ready: Callable[[], None] | None = None
 
   def say(self, line: str) -> None:
     with self._lock:
       print(line, file=self._out, flush=True)
 
-  def run(self, grace_s: float, random_kill: tuple[float, int] | None = None) -> Outcome:
-    """Runs the generation to its end; `random_kill` = (time.monotonic() deadline, process) SIGKILLs that process
-    then (or as soon as every process trains, if later)."""
+  def prepare(self) -> None:
+    """Starts the coordinator and every process as a warm standby (module docstring); idempotent. They are started
+    from one thread that lives as long as the launcher (`_spawner`): a child's death signal (`_child_setup`) fires
+    when the thread that started it ends, not the process."""
+    _spawner().submit(self._prepare).result()
+
+  def _prepare(self) -> None:
+    with self._preparing:
+      if self._coordinator is not None or self._abandoned:
+        return
+      self._coordinator = self._start_coordinator()
+      self._spawn()
+
+  def abandon(self) -> None:
+    """Stops a prepared generation that will not run (the job ended before it was needed)."""
+    with self._preparing:
+      self._abandoned = True
+    if self._coordinator is None:
+      return
+    for process in self._processes:
+      if process.poll() is None:
+        process.kill()
+    self._stop_coordinator()
+    for process in self._processes:
+      process.wait()
+
+  def run(
+    self,
+    grace_s: float,
+    random_kill: tuple[float, int] | None = None,
+    on_ready: Callable[[], None] | None = None,
+  ) -> Outcome:
+    """Runs the generation to its end (preparing it first if it is not warm); `random_kill` = (time.monotonic()
+    deadline, process) SIGKILLs that process then (or as soon as every process trains, if later); `on_ready` is
+    called once every process trains (in a thread of its own)."""
+    self._on_ready = on_ready
     started = time.monotonic()
     self._times['started'] = time.time()
-    coordinator = self._start_coordinator()
     try:
-      self._spawn()
+      self.prepare()
+      self._go()
       self._watch(grace_s, random_kill)
     finally:
       for process in self._processes:
         if process.poll() is None:
           process.kill()
-      coordinator.terminate()
-      try:
-        coordinator.wait(timeout=10)
-      except subprocess.TimeoutExpired:
-        coordinator.kill()
+      if self._coordinator is not None:
+        self._stop_coordinator()
       for thread in self._threads:
         thread.join(timeout=10)
     codes = [process.wait() for process in self._processes]
     self._times['ended'] = time.time()
     return Outcome(codes, self._failure, time.monotonic() - started, list(self._steps), dict(self._times))
+
+  def _go(self) -> None:
+    """Every waiting process joins the job: one line on its stdin, the environment it starts with."""
+    for process_id, process in enumerate(self._processes):
+      environment = self._kill_schedule.environment(process_id) if self._kill_schedule else {}
+      try:
+        process.stdin.write(json.dumps({'environment': environment}) + '\n')
+        process.stdin.close()
+      except (BrokenPipeError, OSError):  # It died waiting: `_watch` reports how.
+        pass
+
+  def _stop_coordinator(self) -> None:
+    self._coordinator.terminate()
+    try:
+      self._coordinator.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      self._coordinator.kill()
 
   def _start_coordinator(self) -> subprocess.Popen:
     command = [
@@ -207,17 +269,14 @@ class Generation:
         f'--process_id={process_id}',
         f'--cpu_devices={self._cpu_devices}',
         f'--peer_timeout_s={self._peer_timeout_s}',
+        '--standby',
         *self._train_args,
       ]
-      env = {
-        **os.environ,
-        control.GENERATION_ENV: str(self.number),
-        control.CONTROL_FD_ENV: str(write_end),
-        **(self._kill_schedule.environment(process_id) if self._kill_schedule else {}),
-      }
+      env = {**os.environ, control.GENERATION_ENV: str(self.number), control.CONTROL_FD_ENV: str(write_end)}
       affinity = cpu_share(process_id, self._num_processes) if self._pin_cpus else None
       process = subprocess.Popen(
         self._in_host(process_id, command),
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -329,9 +388,17 @@ class Generation:
               self._times['ready'] = time.time()
           if every_process_trains:
             self._cut_links()
+            if self._on_ready is not None:
+              threading.Thread(target=self._on_ready, name='standby', daemon=True).start()
         elif len(words) == 2 and words[0] == 'kill':
           step = int(words[1])
           self._kill(process_id, Failure(process_id, f'was killed by SIGKILL at step {step} (--kill_at)', True, step))
+
+
+@functools.cache
+def _spawner() -> futures.ThreadPoolExecutor:
+  """The one thread every child is started from (it never ends before the launcher does)."""
+  return futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix='spawner')
 
 
 def _child_setup(affinity: set[int] | None) -> None:

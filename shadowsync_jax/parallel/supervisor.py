@@ -5,7 +5,10 @@
 
 Each generation (`launcher.Generation`) is a fresh start of every process: each calls `jax.distributed.initialize`
 anew (collectives cannot be formed again among the survivors of a gloo job), then restores what the restart plan
-gives it (`recovery.real`: full or partial recovery, as `recovery.mode` says). The supervisor restarts the job
+gives it (`recovery.real`: full or partial recovery, as `recovery.mode` says). With `warm_standby` (the default)
+the next generation is prepared as soon as every process of the current one trains: its coordinator serves on a
+port of its own and its processes have imported everything and wait, so a restart costs what is left (joining
+the job, building and restoring the state, the first step from the compilation cache). The supervisor restarts the job
 whatever the failure was (a kill, a crash, a hang; torchelastic's rule), except a refused config (exit status 2,
 nothing would change); after `max_restarts` restarts it fails, naming every failure. It writes each failure into
 the job's history (`history`, in the workdir found in `train_args`), for summary.json and the studies.
@@ -44,22 +47,23 @@ def supervise(
   out=sys.stdout,
   hosts: netns.EmulatedHosts | None = None,
   partitions: tuple[netns.Partition, ...] = (),
+  warm_standby: bool = True,
 ) -> int:
   """Runs the job to success or to `max_restarts` restarts; returns 0, or the exit status of the last failure."""
   workdir = next((arg.split('=', 1)[1] for arg in train_args if arg.startswith('--workdir=')), None)
-  port = launcher.free_port()  # One address for every generation: the processes of each meet there.
   random_kills = kill_schedule.random_kills() if kill_schedule else iter(())
   next_kill = _next_kill(random_kills, 0.0)
   failures: list[str] = []
   clock = 0.0  # Seconds of the job so far, over its generations (random kills fall on it).
-  for number in range(max_restarts + 1):
-    generation = launcher.Generation(
+
+  def generation_number(number: int) -> launcher.Generation:
+    return launcher.Generation(
       train_args,
       num_processes,
       cpu_devices,
       peer_timeout_s,
       pin_cpus,
-      port,
+      launcher.free_port(),  # Each its own coordinator: the next one starts while this one serves.
       number,
       kill_schedule,
       module,
@@ -67,12 +71,25 @@ def supervise(
       hosts,
       partitions if number == 0 else (),
     )
+
+  standby = generation_number(0)
+  for number in range(max_restarts + 1):
+    generation, standby = standby, None
+    if number < max_restarts:
+      standby = generation_number(number + 1)
     if number:
       generation.say(f'[launch] restart {number} of at most {max_restarts}: every process starts again.')
     random_kill = None
     if next_kill is not None:
       random_kill = (time.monotonic() + max(0.0, next_kill[0] - clock), next_kill[1])
-    outcome = generation.run(grace_s, random_kill)
+    try:
+      outcome = generation.run(grace_s, random_kill, on_ready=standby.prepare if standby and warm_standby else None)
+    except BaseException:
+      if standby is not None:
+        standby.abandon()
+      raise
+    if standby is not None and (outcome.succeeded or outcome.refused):
+      standby.abandon()
     clock += outcome.seconds
     if workdir is not None:
       history.append(workdir, 'launcher', {'event': 'generation', 'generation': number, **outcome.times})
