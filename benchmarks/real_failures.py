@@ -1,16 +1,19 @@
-r"""Failure recovery on real failures: 2 processes on the default problem, killed on one seeded schedule.
+r"""Failure recovery on real failures: a job of 2 processes killed on seeded schedules, under each recovery mode.
 
-  python -m benchmarks.real_failures [--kill_mtbf_s=20] [--kill_seed=0] [--modes=full,partial,cpr_mfu,cpr] \
-      [--root=DIR] [--out=benchmarks/results/real_failures.md] [--tiny]
+  python -m benchmarks.real_failures [--size=default|kaggle] [--kill_mtbf_s=20] [--kill_seeds=0,1,2] \
+      [--modes=full,partial,cpr_mfu,cpr] [--root=DIR] [--out=benchmarks/results/real_failures.md] [--tiny]
 
-Runs the job once without failures and without recovery (the reference), then once per mode with the launcher
-SIGKILLing a random process at exponential times of mean `--kill_mtbf_s` seconds (`--max_restarts` as needed);
-every run the same schedule (`shadowsync_jax.studies.real_failures`). Settings changed from the defaults: the
-launcher's `--num_processes=2 --cpu_devices=1 --pin_cpus` (each process on a core of its own, like two hosts),
-`recovery.mode` and `recovery.mtbf_steps` (the schedule's mean in the reference's steps). Prints the table and
-writes it, with the raw summaries, to `--out`; docs/studies/real_failures.md embeds it.
+Runs the job once without failures and without recovery (the reference), then each mode on each seed's kill
+schedule: the launcher SIGKILLs a random process at exponential times of mean `--kill_mtbf_s` seconds
+(`shadowsync_jax.studies.real_failures`). Settings changed from the defaults: the size's launcher flags and
+config (`default`: `--num_processes=2 --cpu_devices=1 --pin_cpus`, each process on a core of its own, like two
+hosts; `kaggle`: Criteo Kaggle's cardinalities, synthetic data, 8 replicas with sharded tables over 2 processes x 4
+devices, pinned), `recovery.mode` and `recovery.mtbf_steps` (the schedule's mean in the reference's steps).
+Prints the tables and writes them, the JSON by mode and the raw summaries, to `--out` (default:
+benchmarks/results/real_failures.md, or real_failures_kaggle.md for `--size=kaggle`).
 """
 
+import json
 import pathlib
 import tempfile
 
@@ -20,30 +23,43 @@ from shadowsync_jax import cli
 from shadowsync_jax.studies import real_failures
 from shadowsync_jax.studies import report
 
+flags.DEFINE_enum('size', 'default', list(real_failures.SIZES), 'The job: the default problem, or Criteo Kaggle.')
 flags.DEFINE_float('kill_mtbf_s', 20.0, 'Mean seconds between the kills.')
-flags.DEFINE_integer('kill_seed', 0, 'Seed of the kill schedule (the same for every mode).')
+flags.DEFINE_list('kill_seeds', ['0', '1', '2'], 'Seeds of the kill schedules (each mode runs on every one).')
 flags.DEFINE_list('modes', ['full', 'partial', 'cpr_mfu', 'cpr'], 'Recovery modes to run after the reference.')
 flags.DEFINE_string('root', None, 'Where the runs go (default: a new temporary directory).')
-flags.DEFINE_string('out', 'benchmarks/results/real_failures.md', 'Where the table and raw summaries go.')
+flags.DEFINE_string('out', None, 'Where the tables and raw summaries go (default: by --size).')
 flags.DEFINE_bool('tiny', False, 'The tiny config (seconds per run), for a smoke test.')
 FLAGS = flags.FLAGS
+
+TITLES = {'default': 'Recovery from real failures', 'kaggle': 'Recovery from real failures at Criteo Kaggle size'}
+OUTS = {'default': 'benchmarks/results/real_failures.md', 'kaggle': 'benchmarks/results/real_failures_kaggle.md'}
 
 
 def main(argv):
   del argv
-  root = pathlib.Path(FLAGS.root or tempfile.mkdtemp(prefix='real_failures_'))
+  size = real_failures.SIZES[FLAGS.size]
+  root = pathlib.Path(FLAGS.root or tempfile.mkdtemp(prefix=f'real_failures_{size.name}_'))
   train_flags = ['--config.train.progress_every_s=60']
   if FLAGS.tiny:
     train_flags.insert(0, '--config=experiments/configs/default.py:tiny')
-  rows = real_failures.run(root, tuple(FLAGS.modes), FLAGS.kill_mtbf_s, FLAGS.kill_seed, train_flags=tuple(train_flags))
-  text = real_failures.table(rows)
+  seeds = tuple(int(seed) for seed in FLAGS.kill_seeds)
+  rows = real_failures.run(root, size, tuple(FLAGS.modes), FLAGS.kill_mtbf_s, seeds, train_flags=tuple(train_flags))
+  by_mode = real_failures.by_mode(rows)
+  text = real_failures.table(rows) + '\n\nBy mode (means over the kill seeds; `_range`: lowest and highest):\n\n'
+  text += f'```json\n{json.dumps(by_mode, indent=1)}\n```'
   print(text)
+  reference = rows[0]
+  step_ms = 1e3 * real_failures.steps_time(reference) / reference['train_steps']
   note = (
-    f'2 processes x 1 replica, default problem{" (tiny)" if FLAGS.tiny else ""}, each pinned to one core; kills at '
-    f'exponential times of mean {FLAGS.kill_mtbf_s:g} s, seed {FLAGS.kill_seed}; reference step time '
-    f'{1e3 * rows[0]["step_s"]:.1f} ms.'
+    f'{size.description}{" (tiny)" if FLAGS.tiny else ""}; kills at exponential times of mean {FLAGS.kill_mtbf_s:g} '
+    f's, seeds {", ".join(map(str, seeds))}; MTBF {rows[-1]["mtbf_steps"]:.0f} steps; reference step time '
+    f"{step_ms:.1f} ms. Overheads are shares of the steps' own time (`recovery_checkpoint_overhead_pct`: blocking "
+    'saves, restores, work trained again; `recovery_restart_overhead_pct`: each death to every process training '
+    "again, restores left out); the wall overhead is the run's wall time over the reference's."
   )
-  out = report.write(FLAGS.out, 'Recovery from real failures', report.command_line(), text, rows, note=note, root=root)
+  out = FLAGS.out or OUTS[size.name]
+  out = report.write(out, TITLES[size.name], report.command_line(), text, rows, note=note, root=root)
   print(f'-> {out}')
 
 

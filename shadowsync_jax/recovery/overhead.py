@@ -12,8 +12,8 @@ recovery and is kept apart. From the job's history (`parallel.history`), pure:
 - per failure (the launcher's `failure` record, or else the first `peer_lost` of that start): the restore, the
   slowest process's of the next start (`start` records); the work trained again, the most steps a process of
   the next start was rewound (`retrained_steps`) at `step_s`; and the restart: from the death to the last
-  process of the next start saying it trains (`ready` records; or, if that start failed first, to its failure),
-  less the restore.
+  process of the next start saying it trains (`ready` records; or, if that start failed first, to its failure; or,
+  if it had nothing left to train, to its restore), less the restore.
 """
 
 from collections.abc import Sequence
@@ -34,7 +34,8 @@ def split(records: Sequence[dict[str, Any]], step_s: float) -> dict[str, float]:
     totals['restore_s'] += restore
     totals['retrained_s'] += step_s * max((s.get('retrained_steps', 0) for s in starts), default=0)
     ready = [r['time'] for r in records if r.get('event') == 'ready' and r.get('generation') == nxt]
-    back = max(ready) if ready else _deaths(records).get(nxt)
+    # Not training again: the next start failed first (until then), or had nothing left to train (until it restored).
+    back = max(ready) if ready else _deaths(records).get(nxt, max((s['time'] for s in starts), default=None))
     if back is not None:
       totals['restart_s'] += max(0.0, back - died_at - restore)
   totals['checkpoint_s'] = totals['save_s'] + totals['restore_s'] + totals['retrained_s']

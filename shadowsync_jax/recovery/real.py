@@ -207,9 +207,10 @@ class RealFailures:
 
   def finish(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
     """After the last step: the final save (this process's part), waited for."""
-    if self._timing is not None and step > self._timing[1]:  # The steps' own time, this start's saves left out.
-      trained_s = time.perf_counter() - self._timing[0] - self._blocked_s
-      self._step_s = max(0.0, trained_s) / (step - self._timing[1])
+    self._step_s = self._mean_step_s(step)
+    if self._step_s is None:  # This start trained nothing (its restore was the end): the pace an earlier one saw.
+      paces = [r['step_s'] for r in history.read(self._workdir) if r.get('event') == 'save' and r.get('step_s')]
+      self._step_s = paces[-1] if paces else None
     distributed.handle_peer_loss(False)  # The loop reported 'finish' before the rounds ended.
     self._checkpointer.save(step, checkpointing.training_tree(state_L, self._local(sync_state_R)))
     self.close()
@@ -358,10 +359,17 @@ class RealFailures:
       self._checkpointer.delete_before(oldest_needed)
 
   def _saved_for(self, step: int, kind: str, blocking_s: float) -> None:
-    """Writes down the time the loop was blocked on a save (CPR's checkpoint-related overhead: `overhead`)."""
+    """Writes down the time the loop was blocked on a save (CPR's checkpoint-related overhead: `overhead`), and the
+    pace so far (for a summary whose own start trains nothing)."""
     self._blocked_s += blocking_s
     record = {'event': 'save', 'generation': self._generation, 'process': self._process, 'step': step, 'kind': kind}
-    history.append(self._workdir, self._writer, {**record, 'blocking_s': blocking_s})
+    history.append(self._workdir, self._writer, {**record, 'blocking_s': blocking_s, 'step_s': self._mean_step_s(step)})
+
+  def _mean_step_s(self, step: int) -> float | None:
+    """This start's mean step time so far, its saves left out (None before two steps)."""
+    if self._timing is None or step <= self._timing[1]:
+      return None
+    return max(0.0, time.perf_counter() - self._timing[0] - self._blocked_s) / (step - self._timing[1])
 
   def _peer_checkpoints(self) -> list[int]:
     return [status['checkpoint'] or 0 for status in distributed.peer_status().values()]

@@ -1,30 +1,64 @@
-"""The CPR study on real failures: a job of processes killed on one seeded schedule under each recovery mode.
+"""The CPR study on real failures: a job of processes killed on seeded schedules under each recovery mode.
 
-  rows = real_failures.run(root, modes=('full', 'partial', 'cpr_mfu', 'cpr'), kill_mtbf_s=20.0, kill_seed=0)
-  print(real_failures.table(rows))
+  rows = real_failures.run(root, SIZES['default'], modes=('full', 'partial', 'cpr_mfu', 'cpr'), kill_mtbf_s=20.0,
+                           kill_seeds=(0, 1, 2))
+  print(real_failures.table(rows)); real_failures.by_mode(rows)   # per run; per mode over the seeds (JSON)
 
-Every run is `experiments.launch` on the default problem (one replica per process, `--pin_cpus`: each process on a
-core of its own, like separate hosts) with `--max_restarts` and the same `--kill_mtbf_s`/`--kill_seed`: the
-launcher SIGKILLs a random process at exponential wall-clock times, the job comes back, each process restores
-what its mode says (`recovery.real`). A run without failures and without recovery (`recovery.mode='none'`) is the
-reference: its wall time the failure-free time, its eval NE the quality to keep. `recovery.mtbf_steps`, the MTBF
-the modes plan their checkpoints for, is set to the kill schedule's mean in the reference's steps.
+Every run is `experiments.launch` with `--max_restarts` and the same `--kill_mtbf_s`/`--kill_seed` for every mode:
+the launcher SIGKILLs a random process at exponential wall-clock times, the job comes back (a warm standby of the
+next start waits ready), each process restores what its mode says (`recovery.real`). A size (`SIZES`) is the job:
+`default`, the default problem on 2 processes x 1 replica each pinned to a core (like two hosts); `kaggle`, Criteo
+Kaggle's real cardinalities (synthetic data), tables sharded over 2 processes x 4 devices, so a death loses real
+table shards. A run without failures and without recovery (`recovery.mode='none'`) is the reference: its wall
+time the failure-free time, its eval NE the quality to keep. `recovery.mtbf_steps`, the MTBF the modes plan their
+checkpoints for, is the kill schedule's mean in the reference's steps.
 
-The overhead of a run is its wall time over the reference's, less one; it is split, from the job's history
-(`parallel.history`), into what each failure cost the job: detection (from the kill to the end of every process
-of that start), restart (from there to every process training again, less the restore), restore (the slowest
-process's), and lost work (steps trained again after a full recovery's rewind, at the reference's step time); the
-rest is what the mode's checkpoints and everything else cost.
+Each run's summary.json splits its overhead as CPR does (`recovery.overhead`): checkpoint-related (blocking saves,
+restores, work trained again) and restarts (from each death to every process training again, restores left out),
+each a share of the steps' own time; the wall-clock overhead against the reference is beside them.
 """
 
+import dataclasses
 import pathlib
+import statistics
 import sys
 from typing import Any
 
-from shadowsync_jax.parallel import history
 from shadowsync_jax.studies import jobs
 
-LAUNCH_FLAGS = ('--num_processes=2', '--cpu_devices=1', '--pin_cpus')
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+  """A study's job: the launcher's flags and the training flags every run shares."""
+
+  name: str
+  launch_flags: tuple[str, ...]
+  train_flags: tuple[str, ...]
+  description: str
+
+
+SIZES = {
+  'default': Size(
+    'default',
+    ('--num_processes=2', '--cpu_devices=1', '--pin_cpus'),
+    (),
+    '2 processes x 1 replica, default problem, each process pinned to one core',
+  ),
+  'kaggle': Size(
+    'kaggle',
+    ('--num_processes=2', '--cpu_devices=4', '--pin_cpus'),
+    (
+      '--config=experiments/configs/criteo_kaggle.py',
+      '--config.data.source=synthetic',
+      '--config.num_replicas=8',
+      '--config.sync.embedding_placement=sharded',
+      '--config.data.num_train_examples=2000000',
+      '--config.data.num_eval_examples=65536',
+    ),
+    "Criteo Kaggle's cardinalities (synthetic data), tables sharded over 2 processes x 4 devices, each process "
+    'pinned to one core',
+  ),
+}
 
 
 def run_job(workdir: pathlib.Path, launch_flags: list[str], train_flags: list[str]) -> dict[str, Any]:
@@ -32,80 +66,124 @@ def run_job(workdir: pathlib.Path, launch_flags: list[str], train_flags: list[st
   job = jobs.launch(workdir, launch_flags, train_flags)
   if job.error:
     raise RuntimeError(f'the job in {workdir} refused its config: {job.error}')
-  return {**job.summary, 'job_wall_s': job.wall_s}
-
-
-def costs(workdir: pathlib.Path, step_s: float) -> dict[str, float]:
-  """The seconds the failures of a run cost the job, by kind (module docstring), from its history."""
-  records = history.read(workdir)
-  generations = {r['generation']: r for r in records if r.get('event') == 'generation'}
-  starts = [r for r in records if r.get('event') == 'start']
-  split = {'detection_s': 0.0, 'restart_s': 0.0, 'restore_s': 0.0, 'lost_work_s': 0.0}
-  for failure in (r for r in records if r.get('event') == 'failure'):
-    number = failure['generation']
-    ended, after = generations[number]['ended'], generations.get(number + 1, {})
-    restores = [s.get('restore_s', 0.0) for s in starts if s['generation'] == number + 1]
-    restore = max(restores, default=0.0)
-    split['detection_s'] += max(0.0, ended - failure['failed_at'])
-    split['restore_s'] += restore
-    if 'ready' in after:
-      split['restart_s'] += max(0.0, after['ready'] - ended - restore)
-    retrained = sum(s.get('retrained_steps', 0) for s in starts if s['generation'] == number + 1)
-    split['lost_work_s'] += step_s * retrained / max(1, len([s for s in starts if s['generation'] == number + 1]))
-  return split
+  return {**job.summary, 'job_wall_s': job.wall_s, 'job_peak_rss_bytes': job.peak_rss_bytes}
 
 
 def run(
   root: str | pathlib.Path,
+  size: Size,
   modes: tuple[str, ...] = ('full', 'partial', 'cpr_mfu', 'cpr'),
   kill_mtbf_s: float = 20.0,
-  kill_seed: int = 0,
-  max_restarts: int = 20,
+  kill_seeds: tuple[int, ...] = (0, 1, 2),
+  max_restarts: int = 30,
   train_flags: tuple[str, ...] = (),
   out=sys.stdout,
 ) -> list[dict[str, Any]]:
-  """The reference, then every mode on the same kill schedule; returns one row per run (the reference first)."""
+  """The reference, then every mode on each seed's kill schedule; one row per run (the reference first)."""
   root = pathlib.Path(root)
+  flags = [*size.train_flags, *train_flags]
   out.write('--- no failures, no recovery (the reference)\n')
   out.flush()
-  reference = run_job(root / 'reference', list(LAUNCH_FLAGS), list(train_flags))
-  steps_per_s = min(reference['examples_per_sec_per_process']) / reference['config']['batch_size']
-  step_s = 1.0 / steps_per_s
-  rows = [{**reference, 'label': 'no failures', 'overhead_pct': 0.0, **costs(root / 'reference', step_s)}]
-  kills = [f'--max_restarts={max_restarts}', f'--kill_mtbf_s={kill_mtbf_s}', f'--kill_seed={kill_seed}']
+  reference = run_job(root / 'reference', list(size.launch_flags), flags)
+  steps_per_s = reference['train_steps'] / steps_time(reference)
+  rows = [{**reference, 'label': 'no failures', 'mode': 'none', 'kill_seed': None, 'overhead_pct': 0.0}]
   mtbf_steps = kill_mtbf_s * steps_per_s
-  for mode in modes:
-    out.write(f'--- {mode}\n')
-    out.flush()
-    flags = [*train_flags, f'--config.recovery.mode={mode}', f'--config.recovery.mtbf_steps={mtbf_steps:.1f}']
-    summary = run_job(root / mode, [*LAUNCH_FLAGS, *kills], flags)
-    overhead = 100 * (summary['job_wall_s'] / reference['job_wall_s'] - 1)
-    rows.append({**summary, 'label': mode, 'overhead_pct': overhead, **costs(root / mode, step_s)})
+  for seed in kill_seeds:
+    kills = [f'--max_restarts={max_restarts}', f'--kill_mtbf_s={kill_mtbf_s}', f'--kill_seed={seed}']
+    for mode in modes:
+      out.write(f'--- {mode}, kill seed {seed}\n')
+      out.flush()
+      mode_flags = [*flags, f'--config.recovery.mode={mode}', f'--config.recovery.mtbf_steps={mtbf_steps:.1f}']
+      summary = run_job(root / f'{mode}_seed{seed}', [*size.launch_flags, *kills], mode_flags)
+      overhead = 100 * (summary['job_wall_s'] / reference['job_wall_s'] - 1)
+      rows.append(
+        {**summary, 'label': f'{mode}, seed {seed}', 'mode': mode, 'kill_seed': seed, 'overhead_pct': overhead}
+      )
   for row in rows:
     row['ne_vs_reference_pct'] = 100 * (row['eval_ne'] / reference['eval_ne'] - 1)
-    row['step_s'] = step_s
+    row['mtbf_steps'] = mtbf_steps
   return rows
 
 
+def steps_time(summary: dict[str, Any]) -> float:
+  """The reference's seconds of training steps: its steps at its slowest process's pace."""
+  return (
+    summary['train_steps']
+    * summary['config']['num_replicas']
+    * summary['config']['batch_size']
+    / (summary['examples_per_sec'])
+  )
+
+
+def _restart_s(row: dict[str, Any]) -> list[float]:
+  """Seconds of each restart of a run (its summary's split over its failures)."""
+  recovery = row.get('recovery') or {}
+  split = recovery.get('overhead_s') or {}
+  return [split['restart_s'] / row['num_failures']] if row['num_failures'] and 'restart_s' in split else []
+
+
+def by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+  """Per mode over its kill seeds: the mean and range of the checkpoint-related and restart overheads (% of the
+  steps' time), of the wall-clock overhead, and the eval NE (and its difference to the reference's)."""
+  reference = rows[0]
+  modes: dict[str, dict[str, Any]] = {}
+  for mode in dict.fromkeys(r['mode'] for r in rows[1:]):
+    runs = [r for r in rows[1:] if r['mode'] == mode]
+    figures = {
+      'checkpoint_overhead_pct': [r['recovery_checkpoint_overhead_pct'] for r in runs],
+      'restart_overhead_pct': [r['recovery_restart_overhead_pct'] for r in runs],
+      'wall_overhead_pct': [r['overhead_pct'] for r in runs],
+      'eval_ne': [r['eval_ne'] for r in runs],
+      'ne_vs_reference_pct': [r['ne_vs_reference_pct'] for r in runs],
+      'failures': [r['num_failures'] for r in runs],
+      'seconds_per_restart': [s for r in runs for s in _restart_s(r)],
+    }
+    modes[mode] = {'kill_seeds': [r['kill_seed'] for r in runs]}
+    for key, values in figures.items():
+      values = [v for v in values if v is not None]
+      modes[mode][key] = statistics.fmean(values) if values else None
+      modes[mode][f'{key}_range'] = [min(values), max(values)] if values else None
+    modes[mode]['reference_eval_ne'] = reference['eval_ne']
+  return modes
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-  """The markdown table of a study (`run`'s rows)."""
-  full = next((r for r in rows if r['label'] == 'full'), None)
+  """Two markdown tables: each mode over its seeds (mean, range), then every run."""
+  modes = by_mode(rows)
+  full = modes.get('full', {}).get('checkpoint_overhead_pct')
+  span = lambda m, key, fmt: (
+    f'{fmt.format(m[key])} ({fmt.format(m[key + "_range"][0])} to {fmt.format(m[key + "_range"][1])})'
+  )
   lines = [
-    '| run | failures | restarts | wall s | **overhead** | vs full | detection s | restart s | restore s | '
-    'lost work s | other s | PLS | eval NE | NE vs no failures | chose |',
+    '| mode | seeds | failures | **checkpoint-related overhead** | vs full | restart overhead | s a restart | '
+    'wall overhead | NE vs no failures |',
+    '|---|---|---|---|---|---|---|---|---|',
+  ]
+  for mode, m in modes.items():
+    vs_full = f'{m["checkpoint_overhead_pct"] / full:.2f}' if full else ''
+    per_restart = span(m, 'seconds_per_restart', '{:.2f}') if m['seconds_per_restart'] is not None else ''
+    lines.append(
+      f'| {mode} | {len(m["kill_seeds"])} | {m["failures"]:.1f} | '
+      f'**{span(m, "checkpoint_overhead_pct", "{:.2f}%")}** | '
+      f'{vs_full} | {span(m, "restart_overhead_pct", "{:.1f}%")} | {per_restart} | '
+      f'{span(m, "wall_overhead_pct", "{:.1f}%")} | {span(m, "ne_vs_reference_pct", "{:+.3f}%")} |'
+    )
+  lines += [
+    '',
+    '| run | failures | restarts | wall s | wall overhead | saves s | restores s | work again s | restarts s | '
+    'checkpoint-related | restarts | PLS | eval NE | NE vs no failures | chose |',
     '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
-  reference_wall = rows[0]['job_wall_s']
   for r in rows:
     recovery = r.get('recovery') or {}
-    parts = sum(r[k] for k in ('detection_s', 'restart_s', 'restore_s', 'lost_work_s'))
-    other = r['job_wall_s'] - reference_wall - parts if r is not rows[0] else 0.0
-    vs_full = f'{r["overhead_pct"] / full["overhead_pct"]:.2f}' if full and full['overhead_pct'] > 0 else ''
+    split = recovery.get('overhead_s') or {}
     chose = (recovery.get('cpr_choice') or {}).get('chosen', '')
+    pct = lambda key, r=r: f'{r[key]:.2f}%' if r.get(key) is not None else ''
+    seconds = lambda key, split=split: f'{split[key]:.2f}' if key in split else ''
     lines.append(
       f'| {r["label"]} | {r["num_failures"]} | {recovery.get("num_restarts", 0)} | {r["job_wall_s"]:.1f} | '
-      f'**{r["overhead_pct"]:.1f}%** | {vs_full} | {r["detection_s"]:.1f} | {r["restart_s"]:.1f} | '
-      f'{r["restore_s"]:.2f} | {r["lost_work_s"]:.1f} | {other:.1f} | {r.get("actual_pls") or 0:.4f} | '
-      f'{r["eval_ne"]:.5f} | {r["ne_vs_reference_pct"]:+.3f}% | {chose} |'
+      f'{r["overhead_pct"]:.1f}% | {seconds("save_s")} | {seconds("restore_s")} | {seconds("retrained_s")} | '
+      f'{seconds("restart_s")} | {pct("recovery_checkpoint_overhead_pct")} | {pct("recovery_restart_overhead_pct")} | '
+      f'{r.get("actual_pls") or 0:.4f} | {r["eval_ne"]:.5f} | {r["ne_vs_reference_pct"]:+.3f}% | {chose} |'
     )
   return '\n'.join(lines)

@@ -12,7 +12,8 @@ from typing import Any
 def read_rows(out: str | pathlib.Path) -> Any:
   """The raw summaries a result file holds (what `write` was given as `rows`, configs left out)."""
   text = pathlib.Path(out).read_text()
-  return json.loads(text.split('```json\n', 1)[1].split('\n```', 1)[0])
+  raw = text.split('<summary>raw summaries</summary>', 1)[-1]  # A file may hold other JSON blocks before it.
+  return json.loads(raw.split('```json\n', 1)[1].split('\n```', 1)[0])
 
 
 def command_of(out: str | pathlib.Path) -> str:
