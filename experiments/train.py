@@ -80,6 +80,8 @@ def main(argv):
   from shadowsync_jax import train  # pylint: disable=g-import-not-at-top  (after the device count is set)
   from shadowsync_jax.parallel import compilation_cache  # pylint: disable=g-import-not-at-top
   from shadowsync_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+  from shadowsync_jax.parallel.exit_codes import UNRECOVERABLE  # pylint: disable=g-import-not-at-top
+  from shadowsync_jax.recovery import real as real_failures  # pylint: disable=g-import-not-at-top
 
   cache_dir = compilation_cache.directory_for(FLAGS.compilation_cache_dir, f'{FLAGS.workdir}/compilation_cache')
   if cache_dir:
@@ -99,15 +101,17 @@ def main(argv):
   except BaseException as error:  # pylint: disable=broad-except
     if FLAGS.num_processes == 1:
       raise
-    if isinstance(error, config_lib.ConfigError):
-      print(f'{cli.ERROR_PREFIX}{error}', file=sys.stderr)  # A device count that does not fit: one line.
+    # A device count that does not fit, or a restart whose checkpoint is gone: one line, and no restart.
+    exit_code = {config_lib.ConfigError: cli.USAGE_EXIT_CODE, real_failures.UnrecoverableError: UNRECOVERABLE}.get(
+      type(error), 1
+    )
+    if exit_code != 1:
+      print(f'{cli.ERROR_PREFIX}{error}', file=sys.stderr)
     else:
       traceback.print_exc()
     sys.stderr.flush()
     sys.stdout.flush()
-    refused = isinstance(error, config_lib.ConfigError)
-    # Names the peer that is gone, or tells the peers; exits either way.
-    distributed.fail(error, exit_code=cli.USAGE_EXIT_CODE if refused else 1)
+    distributed.fail(error, exit_code=exit_code)  # Names the peer that is gone, or tells the peers; exits either way.
   distributed.finish()
   if FLAGS.process_id != 0:  # Process 0 prints the results (and wrote summary.json).
     return

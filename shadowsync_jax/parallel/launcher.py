@@ -109,6 +109,11 @@ class Outcome:
     """Every process refused its command line or config: nothing to restart."""
     return all(code == exit_codes.USAGE for code in self.codes)
 
+  @property
+  def unrecoverable(self) -> int | None:
+    """The first process that cannot restore what its restart needs (a restart would find the same), or None."""
+    return next((p for p, code in enumerate(self.codes) if code == exit_codes.UNRECOVERABLE), None)
+
 
 class Generation:
   """One start of the whole job (module docstring)."""

@@ -10,12 +10,14 @@ the next generation is prepared as soon as every process of the current one trai
 port of its own and its processes have imported everything and wait, so a restart costs what is left (joining
 the job, building and restoring the state, the first step from the compilation cache). The supervisor restarts the job
 whatever the failure was (a kill, a crash, a hang; torchelastic's rule), except a refused config (exit status 2,
-nothing would change); after `max_restarts` restarts it fails, naming every failure. It writes each failure into
+nothing would change) and a process that cannot restore what its restart needs (3: a checkpoint the job wrote is
+missing or unreadable); after `max_restarts` restarts it fails, naming every failure. It writes each failure into
 the job's history (`history`, in the workdir found in `train_args`), for summary.json and the studies.
 
 The contract without this supervisor (a cluster's restart loop, BUILD.md): a process exits 0 when the job is done,
 `exit_codes.PEER_LOST` (75) when a peer is gone (it saved what it must: restart the job), `exit_codes.USAGE` (2)
-for a refused config (do not restart), anything else when it failed itself (restart, up to a limit).
+for a refused config and `exit_codes.UNRECOVERABLE` (3) for a checkpoint gone (do not restart), anything else
+when it failed itself (restart, up to a limit).
 """
 
 import sys
@@ -88,7 +90,7 @@ def supervise(
       if standby is not None:
         standby.abandon()
       raise
-    if standby is not None and (outcome.succeeded or outcome.refused):
+    if standby is not None and (outcome.succeeded or outcome.refused or outcome.unrecoverable is not None):
       standby.abandon()
     clock += outcome.seconds
     if workdir is not None:
@@ -100,6 +102,12 @@ def supervise(
     if outcome.refused:
       generation.say('[launch] every process refused the configuration (the error above); nothing was trained.')
       return exit_codes.USAGE
+    if outcome.unrecoverable is not None:
+      generation.say(
+        f'[launch] FAILED: process {outcome.unrecoverable} cannot restore what its restart needs (the error above); '
+        'a restart would find the same, so there is none.'
+      )
+      return exit_codes.UNRECOVERABLE
     failure = outcome.failure
     failures.append(f'generation {number}: process {failure.process} {failure.how}')
     if workdir is not None:

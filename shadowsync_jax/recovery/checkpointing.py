@@ -274,6 +274,10 @@ class Checkpointer:
   def wait(self) -> None:
     self._manager.wait_until_finished()
 
+  def saving(self) -> bool:
+    """Whether a save is still being written (cheap: call it every step)."""
+    return self._manager.is_saving_in_progress()
+
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()

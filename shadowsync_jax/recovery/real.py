@@ -60,6 +60,10 @@ CALIBRATION_STEPS = 20  # Steps timed before a measured save cost sets an interv
 LIVE_MODES = (*modes.PARTIAL_MODES, 'cpr')  # Whose survivors keep their live state.
 
 
+class UnrecoverableError(RuntimeError):
+  """What this process's restart needs is gone: a checkpoint the job wrote is missing, or cannot be read."""
+
+
 class RealFailures:
   """Checkpoints, the restart plan and the exit on a lost peer, for one process of a job (any number of them)."""
 
@@ -95,6 +99,7 @@ class RealFailures:
     self._saved: list[int] = []  # Steps of this generation's saves, in order.
     self._timing: tuple[float, int] | None = None  # (time, step) once the first step has run.
     self._blocked_s = 0.0  # This start's time blocked on saves (`_saved_for`).
+    self._unconfirmed: int | None = None  # A checkpoint being written (`_save`).
     self._step_s: float | None = None  # This start's mean step time without its saves (`finish`).
     self._restored: dict[str, Any] = {}
 
@@ -112,6 +117,7 @@ class RealFailures:
     plan = restart_plan.plan(self._plan_mode(), self._lock_step, everyone)
     source, restored_step = plan.restore[self._process]
     position = plan.position[self._process]
+    self._check_nothing_went_missing(source, mine.checkpoints)
     abstract = checkpointing.abstract_like(checkpointing.training_tree(state_L, sync_state_L))
     if self._plan_mode() == 'full' or (self._plan_mode() == 'none' and self._lock_step):
       self._checkpointer.delete_after(restored_step)  # Everyone went back to a common cut: past it, a lost timeline.
@@ -122,10 +128,16 @@ class RealFailures:
     if source == 'live':
       tree = self._live.restore(restored_step, abstract)
     elif source == 'checkpoint':
-      tree, _ = self._checkpointer.restore(restored_step, abstract)
+      try:
+        tree, _ = self._checkpointer.restore(restored_step, abstract)
+      except Exception as error:  # pylint: disable=broad-except  (whatever a truncated or damaged file raises)
+        raise UnrecoverableError(
+          f'process {self._process} cannot read its checkpoint of step {restored_step} in '
+          f'{self._checkpointer.directory} (truncated or damaged?): {type(error).__name__}: {str(error)[:300]}'
+        ) from error
     state_L, sync_state_L = tree['train'], tree.get('sync')
     priority_step = None
-    if source == 'checkpoint' and self.mode in ('cpr_mfu', 'cpr_ssu') and position > restored_step:
+    if self.mode in ('cpr_mfu', 'cpr_ssu') and position > restored_step:  # Its rows saved since, if any.
       state_L, priority_step = self._newer_priority_rows(state_L, restored_step, position)
     if position != restored_step:  # The replicas go on from the new position: their step counters too.
       counters = np.full(state_L.step.shape, position, state_L.step.dtype)
@@ -193,6 +205,10 @@ class RealFailures:
       started = time.perf_counter()
       self._saver.save(step, restore.row_leaves(state_L))
       self._saved_for(step, 'priority', time.perf_counter() - started)
+    if self._unconfirmed is not None and not self._checkpointer.saving():
+      record = {'event': 'saved', 'generation': self._generation, 'process': self._process}
+      history.append(self._workdir, self._writer, {**record, 'step': self._unconfirmed, 'complete': self._unconfirmed})
+      self._unconfirmed = None
     self._control.step(step)
     self._control.reached(step)
     return state_L, driver, None
@@ -315,7 +331,7 @@ class RealFailures:
     jax.block_until_ready(self._checkpointer.restore(step, checkpointing.abstract_like(tree)))
     restore_s = time.perf_counter() - started
     self._saved.append(step)
-    self._saved_for(step, 'calibration', write_s + restore_s)
+    self._saved_for(step, 'calibration', write_s + restore_s, complete=step)  # Written and read back: complete.
     measured = {'step_s': mean_step_s, 'save_s': save_s, 'write_s': write_s, 'restore_s': restore_s}
     costs = distributed.exchange('calibration', measured)
     worst = {key: max(c[key] for c in costs) for key in measured}  # The job goes at its slowest process's pace.
@@ -352,18 +368,24 @@ class RealFailures:
   def _save(self, step: int, state_L: Any, sync_state_L: PyTree) -> None:
     started = time.perf_counter()
     self._checkpointer.save(step, checkpointing.training_tree(state_L, sync_state_L))
-    self._saved_for(step, 'checkpoint', time.perf_counter() - started)
+    self._saved_for(step, 'checkpoint', time.perf_counter() - started, complete=self._newest_complete(step))
     self._saved.append(step)
+    self._unconfirmed = step  # Written down as complete once written (`after_step`).
     if self.mode == 'full' or self._lock_step:  # Drop what no consistent cut can need any more.
       oldest_needed = min([self._saved[-2] if len(self._saved) > 1 else 0] + self._peer_checkpoints())
       self._checkpointer.delete_before(oldest_needed)
 
-  def _saved_for(self, step: int, kind: str, blocking_s: float) -> None:
+  def _newest_complete(self, step: int) -> int | None:
+    """This process's newest complete checkpoint before `step` (`step`'s own save may still be written)."""
+    return max((s for s in self._checkpointer.all_steps() if s < step), default=None)
+
+  def _saved_for(self, step: int, kind: str, blocking_s: float, complete: int | None = None) -> None:
     """Writes down the time the loop was blocked on a save (CPR's checkpoint-related overhead: `overhead`), and the
     pace so far (for a summary whose own start trains nothing)."""
     self._blocked_s += blocking_s
     record = {'event': 'save', 'generation': self._generation, 'process': self._process, 'step': step, 'kind': kind}
-    history.append(self._workdir, self._writer, {**record, 'blocking_s': blocking_s, 'step_s': self._mean_step_s(step)})
+    record.update(blocking_s=blocking_s, step_s=self._mean_step_s(step), complete=complete)
+    history.append(self._workdir, self._writer, record)
 
   def _mean_step_s(self, step: int) -> float | None:
     """This start's mean step time so far, its saves left out (None before two steps)."""
@@ -465,6 +487,27 @@ class RealFailures:
       },
     )
     distributed.exit_peer_lost(reason + (f'; live state of step {live_step} saved' if live_saved else ''))
+
+  def _check_nothing_went_missing(self, source: str, checkpoints: tuple[int, ...]) -> None:
+    """Raises `UnrecoverableError` where this process restores a checkpoint (not its live state) and the newest
+    one it had completed is gone (its files deleted or moved since): the plan would otherwise take it, or under a
+    common cut every process, silently back to an older one or to the start."""
+    if source == 'live':
+      return
+    mine = [r for r in history.read(self._workdir) if r.get('writer') == self._writer]
+    starts = [i for i, r in enumerate(mine) if r.get('event') == 'start']
+    if not starts:  # A fresh workdir.
+      return
+    before = mine[starts[-1] :]  # This process's previous start (whoever numbered it) and what it saved since.
+    complete = [r['complete'] for r in before if r.get('event') in ('save', 'saved') and r.get('complete') is not None]
+    complete += [r['restored_step'] for r in before[:1] if r['restored'] == 'checkpoint']
+    expected = max(complete, default=None)
+    if expected is not None and not any(step >= expected for step in checkpoints):
+      raise UnrecoverableError(
+        f'process {self._process} completed a checkpoint of step {expected} in {self._checkpointer.directory}, '
+        f'and it is gone (complete checkpoints there now: {self._checkpointer.all_steps() or "none"}): put it back, '
+        'or start the job in a new workdir'
+      )
 
   def _agreed_sync_state(self, sync_state_L: PyTree, plan: restart_plan.Plan) -> PyTree:
     """Where the processes restored different steps, one sync state for all (EA's center, BMUF's global model):

@@ -72,7 +72,7 @@ def run_job(workdir: pathlib.Path, launch_flags: list[str], train_flags: list[st
 def run(
   root: str | pathlib.Path,
   size: Size,
-  modes: tuple[str, ...] = ('full', 'partial', 'cpr_mfu', 'cpr'),
+  modes: tuple[str, ...] = ('full', 'partial', 'cpr_mfu', 'cpr_ssu', 'cpr'),
   kill_mtbf_s: float = 20.0,
   kill_seeds: tuple[int, ...] = (0, 1, 2),
   max_restarts: int = 30,

@@ -8,6 +8,8 @@ failed; partial recovery must leave the survivors' state where it was and count 
 import json
 import os
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
 
@@ -152,10 +154,12 @@ def test_cpr_mfu_on_sharded_tables_restores_only_the_dead_process_shards_and_nob
     tmp_path,
     *_SHARDED_FR_MA,
     '--config.recovery.mode=cpr_mfu',
-    launcher_flags=('--max_restarts=1', '--kill_at=0@40'),
+    # Then process 1, two steps after the job came back: two deaths close together.
+    launcher_flags=('--max_restarts=2', '--kill_at=0@40,1@44'),
   )
   assert code == 0, output[-4000:]
   assert '[launch] process 0 was killed by SIGKILL at step 40' in output, output[-4000:]
+  assert '[launch] process 1 was killed by SIGKILL at step 44' in output, output[-4000:]
   starts = _starts(tmp_path, 1)
   dead, survivor = starts[0], starts[1]
   assert survivor['restored'] == 'live' and dead['restored'] == 'checkpoint', starts
@@ -163,9 +167,18 @@ def test_cpr_mfu_on_sharded_tables_restores_only_the_dead_process_shards_and_nob
   assert dead['restored_step'] == 32 and survivor['restored_step'] > 32, starts
   # Priority saves every EVERY / 4 steps: the newest before the position, newer than the checkpoint.
   assert dead['priority_rows_step'] is not None and 32 < dead['priority_rows_step'] <= dead['position'], dead
-  assert dead['priority_rows_step'] % (EVERY // 4) == 0 and survivor['priority_rows_step'] is None
+  assert dead['priority_rows_step'] % (EVERY // 4) == 0
+  # The survivor's live state: of its last step, or its newest host copy, over which its newer priority rows go.
+  assert survivor['priority_rows_step'] is None or survivor['priority_rows_step'] > survivor['restored_step']
+  # Process 1's turn: it restores its newest own state (the live state it saved when process 0 died, newer than
+  # its checkpoint; its priority save of step 44, cut short by the kill, is none); process 0 its live state.
+  again = _starts(tmp_path, 2)
+  assert again[0]['restored'] == 'live' and again[0]['position'] == again[1]['position'] >= 44, again
+  assert again[1]['restored_step'] >= 32 and again[1]['position'] > again[1]['restored_step'], again
+  assert again[1]['priority_rows_step'] is None or again[1]['priority_rows_step'] > again[1]['restored_step']
   summary = json.loads((tmp_path / 'summary.json').read_text())
-  skipped = sum(s['position'] - s['restored_step'] for s in starts.values())
+  skipped = sum(s['position'] - s['restored_step'] for g in (1, 2) for s in _starts(tmp_path, g).values())
+  assert summary['recovery']['num_restarts'] == 2
   assert summary['recovery']['skipped_steps'] == skipped and summary['recovery']['retrained_steps'] == 0
   assert summary['actual_pls'] == pytest.approx(skipped / (2 * STEPS)) and summary['train_steps'] == STEPS
   assert summary['recovered_as'] == 'cpr_mfu' and 0 < summary['eval_ne'] < 1.0
@@ -182,3 +195,53 @@ def test_without_restarts_a_killed_process_fails_the_job_naming_each_failure(tmp
     'process 1 was killed by SIGKILL at step 20 (--kill_at).' in output
   ), output[-3000:]
   assert 'Traceback' not in output, output[-3000:]
+
+
+@pytest.fixture(scope='module')
+def killed_without_restarts(tmp_path_factory):
+  """A partial-recovery job whose process 1 was killed at step 40 and not restarted: checkpoints of steps 16 and 32
+  on disk, process 0's live state."""
+  workdir = tmp_path_factory.mktemp('killed')
+  code, output = _launch(
+    workdir,
+    '--config.sync.algorithm=shadow_ma',
+    '--config.recovery.mode=partial',
+    launcher_flags=('--max_restarts=0', '--kill_at=1@40'),
+  )
+  assert code == 128 + 9, output[-3000:]
+  return workdir
+
+
+def _restarted_after(damage, workdir: pathlib.Path, killed: pathlib.Path) -> tuple[int, str]:
+  shutil.copytree(killed, workdir, dirs_exist_ok=True)
+  damage(workdir / 'checkpoints' / 'process_1')
+  return _launch(
+    workdir,
+    '--config.sync.algorithm=shadow_ma',
+    '--config.recovery.mode=partial',
+    launcher_flags=('--max_restarts=3',),
+  )
+
+
+def test_a_restart_that_finds_a_checkpoint_gone_stops_naming_it(tmp_path, killed_without_restarts):
+  code, output = _restarted_after(
+    lambda d: [shutil.rmtree(step) for step in d.iterdir()], tmp_path, killed_without_restarts
+  )
+  assert code == 3, output[-3000:]
+  # Its newest checkpoint known complete: 32, or 16 where the write of 32 was still going on at the kill.
+  assert re.search(r'error: process 1 completed a checkpoint of step (16|32) in \S+, and it is gone', output), output
+  assert '[launch] FAILED: process 1 cannot restore what its restart needs' in output
+  assert 'restart 1 of' not in output and 'Traceback' not in output, output[-3000:]
+
+
+def test_a_restart_that_finds_a_checkpoint_truncated_stops_naming_it(tmp_path, killed_without_restarts):
+  def truncate(directory):
+    for path in (directory / '32').rglob('*'):
+      if path.is_file() and path.stat().st_size > 64:
+        with open(path, 'r+b') as file:
+          file.truncate(path.stat().st_size // 2)
+
+  code, output = _restarted_after(truncate, tmp_path, killed_without_restarts)
+  assert code == 3, output[-3000:]
+  assert 'error: process 1 cannot read its checkpoint of step 32 in ' in output, output[-3000:]
+  assert '[launch] FAILED: process 1 cannot restore what its restart needs' in output
