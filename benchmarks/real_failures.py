@@ -26,7 +26,9 @@ from shadowsync_jax.studies import report
 flags.DEFINE_enum('size', 'default', list(real_failures.SIZES), 'The job: the default problem, or Criteo Kaggle.')
 flags.DEFINE_float('kill_mtbf_s', 20.0, 'Mean seconds between the kills.')
 flags.DEFINE_list('kill_seeds', ['0', '1', '2'], 'Seeds of the kill schedules (each mode runs on every one).')
-flags.DEFINE_list('modes', ['full', 'partial', 'cpr_mfu', 'cpr_ssu', 'cpr'], 'Recovery modes to run after the reference.')
+flags.DEFINE_list(
+  'modes', ['full', 'partial', 'cpr_mfu', 'cpr_ssu', 'cpr'], 'Recovery modes to run after the reference.'
+)
 flags.DEFINE_string('root', None, 'Where the runs go (default: a new temporary directory).')
 flags.DEFINE_string('out', None, 'Where the tables and raw summaries go (default: by --size).')
 flags.DEFINE_bool('tiny', False, 'The tiny config (seconds per run), for a smoke test.')
