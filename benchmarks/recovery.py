@@ -1,7 +1,12 @@
-r"""The CPR study: the same data and failure schedule under no failures, full, partial, cpr_mfu and cpr_ssu.
+r"""The CPR study: the same data and failure schedule under no failures, full, partial, cpr_mfu, cpr_ssu and cpr.
 
-  python -m benchmarks.recovery [--config=experiments/configs/recovery.py] [--modes=none,full,...] \
+  python -m benchmarks.recovery [--config=experiments/configs/default.py] [--modes=none,full,...] \
       [--workdir=DIR] [--out=benchmarks/results/recovery.md] [--config.recovery.mtbf_steps=1500 ...]
+
+With no flags it runs the defaults (the default problem, failures of one of 4 embedding shards every 1000 steps on
+average, a 1% PLS budget); `--config=experiments/configs/recovery.py
+--out=benchmarks/results/recovery_8_shards_pls_0.02.md` is the labelled extra setting closer to the paper's (8
+shards, PLS 2%, MTBF 1200 steps).
 
 Prints a markdown table (eval NE and its difference to the run without failures; the failures met; the
 checkpoint and priority-save intervals chosen; time blocked on saves, re-trained and spent restoring, and the
@@ -24,7 +29,7 @@ from shadowsync_jax.studies import report as study_report
 flags.DEFINE_list('modes', None, 'Recovery modes to run, in order (default: none,full,partial,cpr_mfu,cpr_ssu).')
 flags.DEFINE_string('workdir', None, 'Where the runs go, one directory per mode (default: a new temp directory).')
 flags.DEFINE_string('out', 'benchmarks/results/recovery.md', 'Where the table and the raw summaries go.')
-cli.define_config_flag('experiments/configs/recovery.py', "The study's base config.")
+cli.define_config_flag('experiments/configs/default.py', "The study's base config (the defaults).")
 FLAGS = flags.FLAGS
 
 

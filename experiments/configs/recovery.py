@@ -1,15 +1,12 @@
-r"""The CPR study's setting: the default problem with failures of one embedding shard (DESIGN §7).
+r"""The CPR study's extra setting, beside the defaults: more shards and a larger PLS budget (DESIGN §7).
 
-  python -m benchmarks.recovery [--config=experiments/configs/recovery.py[:tiny]] [--config.recovery.KEY=VALUE]
+  python -m benchmarks.recovery --config=experiments/configs/recovery.py[:tiny] \
+      --out=benchmarks/results/recovery_8_shards_pls_0.02.md
 
-`benchmarks.recovery` trains it once per recovery mode (no failures, full, partial, cpr_mfu, cpr_ssu) and prints
-the overhead table (docs/studies/cpr.md). Save and restore costs are measured (the time the training loop is
-blocked), not emulated. Expected on 2 CPU cores: about 7 minutes; about 10 failures; full recovery about 10%
-overhead (8.2% expected), partial and the CPR variants 0.13-0.21 of that (single rows move by a third with the load
-of a shared machine), eval NE within 0.01% of the run without failures (full: equal). 8 shards and a PLS budget of
-2%: with the config defaults (4 shards, 1%) partial recovery's interval is close to Young's and it saves far less
-(docs/studies/cpr.md). `:tiny` is the notebook's variant (the tiny problem, seconds per run, too short for the
-figures above).
+The default problem with failures of one of 8 embedding shards (default 4), every 1200 steps on average (1000),
+and a PLS budget of 2% (1%): with the defaults partial recovery's interval is close to Young's and it saves about
+as often as full recovery; here it saves about a quarter as often (docs/studies/cpr.md reads both result files).
+`:tiny` is the notebook's variant (the tiny problem, seconds per run).
 """
 
 from experiments.configs import default
