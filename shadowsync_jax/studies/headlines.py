@@ -20,6 +20,7 @@ import re
 import statistics
 from typing import Any
 
+from shadowsync_jax.studies import real_failures
 from shadowsync_jax.studies import result_files
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -186,16 +187,37 @@ def _cpr(path: str) -> str:
 
 
 def _real_failures(path: str) -> str:
-  rows = {row['label']: row for row in _rows(path)}
-  full = rows['full']['overhead_pct']
-  others = {k: r['overhead_pct'] / full for k, r in rows.items() if k not in ('no failures', 'full')}
-  restarts = [r['restart_s'] for k, r in rows.items() if k != 'no failures']
+  """Full recovery's checkpoint-related overhead, each mode's share of it (same seed), the restarts, the NE (its
+  targets: `TARGETS`; a restart's at the default size only)."""
+  targets = TARGETS[path]
+  modes = real_failures.by_mode(_rows(path))
+  full = modes['full']
+  shares = {mode: m['checkpoint_overhead_vs_full'] for mode, m in modes.items() if mode != 'full'}
+  cpr_high = max(modes[m]['checkpoint_overhead_vs_full_range'][1] for m in ('cpr_mfu', 'cpr_ssu') if m in modes)
+  cpr_low = min(modes[m]['checkpoint_overhead_vs_full_range'][0] for m in ('cpr_mfu', 'cpr_ssu') if m in modes)
+  restarts = [s for m in modes.values() for s in m['seconds_per_restart_range'] or []]
+  ne = [abs(v) for m in modes.values() for v in m['ne_vs_reference_pct_range']]
+  seeds = len(full['kill_seeds'])
   return (
-    'killed processes, restarted jobs: '
-    + ', '.join(f'`{k}` costs {v:.2f}' for k, v in others.items())
-    + f" of full recovery's overhead ({full:.1f}%; target 0.2: not met; one kill seed); restarts take "
-    f'{min(restarts):.1f}-{max(restarts):.1f} s of every run'
+    f"killed processes, {seeds} kill seed{'s' if seeds != 1 else ''}: full recovery's checkpoint-related overhead "
+    f"{full['checkpoint_overhead_pct']:.2f}% of the steps' time; "
+    + ', '.join(f'`{mode}` {share:.2f}' for mode, share in shares.items())
+    + f' of it on the same seed (cpr_mfu/ssu target {targets["vs_full"]:g}: '
+    f'{_verdict(cpr_low, cpr_high, targets["vs_full"], higher_is_better=False)}); a restart '
+    f'{min(restarts):.2f}-{max(restarts):.2f} s'
+    + (
+      f' (target {targets["restart_s"]:g} s: '
+      f'{_verdict(min(restarts), max(restarts), targets["restart_s"], higher_is_better=False)})'
+      if 'restart_s' in targets
+      else ''
+    )
+    + f"; NE within {max(ne):.3f}% of the failure-free run's (target {targets['ne_pct']:g}%: "
+    f'{_verdict(min(ne), max(ne), targets["ne_pct"], higher_is_better=False)})'
   )
+
+
+def _real_failures_kaggle(path: str) -> str:
+  return 'at Criteo Kaggle size: ' + _real_failures(path)
 
 
 def _table_size(path: str) -> str:
@@ -237,6 +259,7 @@ HEADLINES: dict[str, Callable[[str], str]] = {
   'benchmarks/results/gba_study.md': _gba,
   'benchmarks/results/recovery.md': _cpr,
   'benchmarks/results/real_failures.md': _real_failures,
+  'benchmarks/results/real_failures_kaggle.md': _real_failures_kaggle,
   'benchmarks/results/table_size.md': _table_size,
   'benchmarks/results/criteo_pipeline.md': _criteo_pipeline,
 }
@@ -246,7 +269,8 @@ TARGETS: dict[str, Any] = {
   'benchmarks/results/throughput.md': {128: 0.5, 1024: 0.75},
   'benchmarks/results/sync_study.md': 0.5,
   'benchmarks/results/shadow_overhead.md': 0.95,
-  'benchmarks/results/real_failures.md': 0.2,
+  'benchmarks/results/real_failures.md': {'vs_full': 0.2, 'restart_s': 2.0, 'ne_pct': 0.1},
+  'benchmarks/results/real_failures_kaggle.md': {'vs_full': 0.2, 'ne_pct': 0.1},
 }
 
 

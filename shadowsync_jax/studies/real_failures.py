@@ -99,14 +99,18 @@ def run(
       rows.append(
         {**summary, 'label': f'{mode}, seed {seed}', 'mode': mode, 'kill_seed': seed, 'overhead_pct': overhead}
       )
-  full = {r['kill_seed']: r['recovery_checkpoint_overhead_pct'] for r in rows if r['mode'] == 'full'}
   for row in rows:
     row['ne_vs_reference_pct'] = 100 * (row['eval_ne'] / reference['eval_ne'] - 1)
     row['mtbf_steps'] = mtbf_steps
-    same_seed_full = full.get(row['kill_seed'])
-    if same_seed_full and row['recovery_checkpoint_overhead_pct'] is not None:
-      row['checkpoint_overhead_vs_full'] = row['recovery_checkpoint_overhead_pct'] / same_seed_full
   return rows
+
+
+def vs_full(row: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
+  """A run's checkpoint-related overhead over full recovery's on the same kill seed (None: no such full run)."""
+  full = next((r for r in rows if r['mode'] == 'full' and r['kill_seed'] == row['kill_seed']), None)
+  if full is None or not full['recovery_checkpoint_overhead_pct'] or row['recovery_checkpoint_overhead_pct'] is None:
+    return None
+  return row['recovery_checkpoint_overhead_pct'] / full['recovery_checkpoint_overhead_pct']
 
 
 def steps_time(summary: dict[str, Any]) -> float:
@@ -136,7 +140,7 @@ def by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     runs = [r for r in rows[1:] if r['mode'] == mode]
     figures = {
       'checkpoint_overhead_pct': [r['recovery_checkpoint_overhead_pct'] for r in runs],
-      'checkpoint_overhead_vs_full': [r.get('checkpoint_overhead_vs_full') for r in runs],
+      'checkpoint_overhead_vs_full': [vs_full(r, rows) for r in runs],
       'restart_overhead_pct': [r['recovery_restart_overhead_pct'] for r in runs],
       'wall_overhead_pct': [r['overhead_pct'] for r in runs],
       'eval_ne': [r['eval_ne'] for r in runs],
@@ -165,12 +169,12 @@ def table(rows: list[dict[str, Any]]) -> str:
     '|---|---|---|---|---|---|---|---|---|',
   ]
   for mode, m in modes.items():
-    vs_full = span(m, 'checkpoint_overhead_vs_full', '{:.2f}') if m['checkpoint_overhead_vs_full'] is not None else ''
+    share = span(m, 'checkpoint_overhead_vs_full', '{:.2f}') if m['checkpoint_overhead_vs_full'] is not None else ''
     per_restart = span(m, 'seconds_per_restart', '{:.2f}') if m['seconds_per_restart'] is not None else ''
     lines.append(
       f'| {mode} | {len(m["kill_seeds"])} | {m["failures"]:.1f} | '
       f'**{span(m, "checkpoint_overhead_pct", "{:.2f}%")}** | '
-      f'{vs_full} | {span(m, "restart_overhead_pct", "{:.1f}%")} | {per_restart} | '
+      f'{share} | {span(m, "restart_overhead_pct", "{:.1f}%")} | {per_restart} | '
       f'{span(m, "wall_overhead_pct", "{:.1f}%")} | {span(m, "ne_vs_reference_pct", "{:+.3f}%")} |'
     )
   lines += [
@@ -185,11 +189,12 @@ def table(rows: list[dict[str, Any]]) -> str:
     chose = (recovery.get('cpr_choice') or {}).get('chosen', '')
     pct = lambda key, r=r: f'{r[key]:.2f}%' if r.get(key) is not None else ''
     seconds = lambda key, split=split: f'{split[key]:.2f}' if key in split else ''
-    vs_full = f'{r["checkpoint_overhead_vs_full"]:.2f}' if 'checkpoint_overhead_vs_full' in r else ''
+    share = vs_full(r, rows) if r is not rows[0] else None
+    share = f'{share:.2f}' if share is not None else ''
     lines.append(
       f'| {r["label"]} | {r["num_failures"]} | {recovery.get("num_restarts", 0)} | {r["job_wall_s"]:.1f} | '
       f'{r["overhead_pct"]:.1f}% | {seconds("save_s")} | {seconds("restore_s")} | {seconds("retrained_s")} | '
-      f'{seconds("restart_s")} | {pct("recovery_checkpoint_overhead_pct")} | {vs_full} | '
+      f'{seconds("restart_s")} | {pct("recovery_checkpoint_overhead_pct")} | {share} | '
       f'{pct("recovery_restart_overhead_pct")} | '
       f'{r.get("actual_pls") or 0:.4f} | {r["eval_ne"]:.5f} | {r["ne_vs_reference_pct"]:+.3f}% | {chose} |'
     )
