@@ -1,7 +1,7 @@
 r"""Failure recovery on real failures: a job of 2 processes killed on seeded schedules, under each recovery mode.
 
   python -m benchmarks.real_failures [--size=default|kaggle] [--kill_mtbf_s=20] [--kill_seeds=0,1,2] \
-      [--modes=full,partial,cpr_mfu,cpr_ssu,cpr] [--root=DIR] [--out=benchmarks/results/real_failures.md] [--tiny]
+      [--modes=full,partial,cpr_mfu,cpr_ssu,cpr] [--num_train_examples=N] [--root=DIR] [--out=FILE] [--tiny]
 
 Runs the job once without failures and without recovery (the reference), then each mode on each seed's kill
 schedule: the launcher SIGKILLs a random process at exponential times of mean `--kill_mtbf_s` seconds
@@ -32,6 +32,7 @@ flags.DEFINE_list(
 flags.DEFINE_string('root', None, 'Where the runs go (default: a new temporary directory).')
 flags.DEFINE_string('out', None, 'Where the tables and raw summaries go (default: by --size).')
 flags.DEFINE_bool('tiny', False, 'The tiny config (seconds per run), for a smoke test.')
+flags.DEFINE_integer('num_train_examples', 0, "Examples of the one-pass stream (0: the size's).")
 FLAGS = flags.FLAGS
 
 TITLES = {'default': 'Recovery from real failures', 'kaggle': 'Recovery from real failures at Criteo Kaggle size'}
@@ -45,6 +46,8 @@ def main(argv):
   train_flags = ['--config.train.progress_every_s=60']
   if FLAGS.tiny:
     train_flags.insert(0, '--config=experiments/configs/default.py:tiny')
+  if FLAGS.num_train_examples:
+    train_flags.append(f'--config.data.num_train_examples={FLAGS.num_train_examples}')
   seeds = tuple(int(seed) for seed in FLAGS.kill_seeds)
   rows = real_failures.run(root, size, tuple(FLAGS.modes), FLAGS.kill_mtbf_s, seeds, train_flags=tuple(train_flags))
   by_mode = real_failures.by_mode(rows)
