@@ -20,10 +20,18 @@ copy when its devices are stuck), then every process exits with `exit_codes.PEER
   algorithms, each its own newest otherwise);
 - `full`: the newest checkpoint all processes have; the data rewinds, the lost steps are trained again;
 - `partial`, `cpr_mfu`, `cpr_ssu`: the survivors their live state, the dead process its newest checkpoint (and,
-  CPR-MFU/SSU, the rows of its newest priority save that are newer) and nobody rewinds: the steps the dead process
-  missed are lost updates of its replicas, the PLS;
+  CPR-MFU/SSU, the rows of its newest priority save newer than what it restored) and nobody rewinds: the steps the
+  dead process missed are lost updates of its replicas, the PLS. With sharded tables a process's checkpoint and
+  live state hold its own shards, so the dead process's shards alone go back (its priority rows are its shards'
+  own, `priority_rows.HeldShards`), and every process goes on from the furthest position (their steps are
+  collectives);
 - `cpr`: CPR's first mechanism (`cost_model.choose`), decided once after `CALIBRATION_STEPS` steps from the costs
   every process measured, and kept by the history for the restarts.
+Every blocking save, every completed checkpoint and every start that trains is written into the history, from which
+`overhead` splits the job's cost as CPR does (`summary.json`: `recovery_checkpoint_overhead_pct`,
+`recovery_restart_overhead_pct`). A restart that would restore a checkpoint older than one its process had
+completed (the newer one deleted or unreadable since) raises `UnrecoverableError`: one clear error (exit status 3),
+never a silent rewind.
 Checkpoint intervals: `train.checkpoint_every_steps` under `none`; Young's interval from the measured save cost
 and `recovery.mtbf_steps` (the expected MTBF) under `full`; the longest interval under `recovery.target_pls`
 (the parts being the processes) under the partial modes; `recovery.checkpoint_every_steps` where set.
