@@ -149,8 +149,7 @@ class Generation:
     self._processes: list[subprocess.Popen] = []
     self._threads: list[threading.Thread] = []
     self._coordinator: subprocess.Popen | None = None  # Started by `prepare`.
-    self._preparing = threading.Lock()  # `prepare` runs from a thread of the generation before (`on_ready`).
-    self._abandoned = False
+    self._abandoned = False  # `prepare` and `abandon` run on the spawner's thread, one at a time.
     self._on_ready: Callable[[], None] | None = None
 
   def say(self, line: str) -> None:
@@ -164,24 +163,21 @@ class Generation:
     _spawner().submit(self._prepare).result()
 
   def _prepare(self) -> None:
-    with self._preparing:
-      if self._coordinator is not None or self._abandoned:
-        return
+    if self._coordinator is None and not self._abandoned:
       self._coordinator = self._start_coordinator()
       self._spawn()
 
   def abandon(self) -> None:
-    """Stops a prepared generation that will not run (the job ended before it was needed)."""
-    with self._preparing:
-      self._abandoned = True
-    if self._coordinator is None:
-      return
-    for process in self._processes:
-      if process.poll() is None:
-        process.kill()
-    self._stop_coordinator()
-    for process in self._processes:
-      process.wait()
+    """Stops a prepared generation that will not run (the job ended before it was needed); on the spawner's
+    thread, so never halfway through `prepare`."""
+    _spawner().submit(self._abandon).result()
+
+  def _abandon(self) -> None:
+    self._abandoned = True
+    if self._coordinator is not None:
+      self._stop_all()
+      for process in self._processes:
+        process.wait()
 
   def run(
     self,
@@ -200,11 +196,7 @@ class Generation:
       self._go()
       self._watch(grace_s, random_kill)
     finally:
-      for process in self._processes:
-        if process.poll() is None:
-          process.kill()
-      if self._coordinator is not None:
-        self._stop_coordinator()
+      self._stop_all()
       for thread in self._threads:
         thread.join(timeout=10)
     codes = [process.wait() for process in self._processes]
@@ -220,6 +212,14 @@ class Generation:
         process.stdin.close()
       except (BrokenPipeError, OSError):  # It died waiting: `_watch` reports how.
         pass
+
+  def _stop_all(self) -> None:
+    """Kills every process still running and stops the coordinator."""
+    for process in self._processes:
+      if process.poll() is None:
+        process.kill()
+    if self._coordinator is not None:
+      self._stop_coordinator()
 
   def _stop_coordinator(self) -> None:
     self._coordinator.terminate()

@@ -27,7 +27,8 @@ def split(records: Sequence[dict[str, Any]], step_s: float) -> dict[str, float]:
     if record.get('event') == 'save':
       saves[record['process']] = saves.get(record['process'], 0.0) + record['blocking_s']
   totals = {'save_s': max(saves.values(), default=0.0), 'restore_s': 0.0, 'retrained_s': 0.0, 'restart_s': 0.0}
-  for generation, died_at in _deaths(records).items():
+  deaths = _deaths(records)
+  for generation, died_at in deaths.items():
     nxt = generation + 1
     starts = [r for r in records if r.get('event') == 'start' and r.get('generation') == nxt]
     restore = max((s.get('restore_s', 0.0) for s in starts), default=0.0)
@@ -35,7 +36,7 @@ def split(records: Sequence[dict[str, Any]], step_s: float) -> dict[str, float]:
     totals['retrained_s'] += step_s * max((s.get('retrained_steps', 0) for s in starts), default=0)
     ready = [r['time'] for r in records if r.get('event') == 'ready' and r.get('generation') == nxt]
     # Not training again: the next start failed first (until then), or had nothing left to train (until it restored).
-    back = max(ready) if ready else _deaths(records).get(nxt, max((s['time'] for s in starts), default=None))
+    back = max(ready) if ready else deaths.get(nxt, max((s['time'] for s in starts), default=None))
     if back is not None:
       totals['restart_s'] += max(0.0, back - died_at - restore)
   totals['checkpoint_s'] = totals['save_s'] + totals['restore_s'] + totals['retrained_s']

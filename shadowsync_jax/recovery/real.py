@@ -436,20 +436,11 @@ class RealFailures:
     saved = priority_rows.read_latest(self._priority_directory())
     if saved is None or not checkpoint_step < saved[0] <= position:
       return state_L, None
-    step, rows_K, values = saved
+    step, rows, values = saved
     live = restore.row_leaves(state_L)
-    if rows_K.ndim == 2:  # Row-sharded tables: each shard's own rows.
-      recovered = restore.write_rows_per_replica(live, jnp.asarray(rows_K), values)
-      return restore.with_row_leaves(state_L, restore.placed_like(recovered, live)), step
-    num_local = state_L.step.shape[0]
-    recovered = restore.recover_rows(
-      live,
-      jnp.zeros((num_local, live['table'].shape[1]), bool),
-      live,
-      jnp.asarray(rows_K),
-      values,
-      jnp.ones((num_local, len(rows_K)), bool),
-    )
+    if rows.ndim == 1:  # Replicated tables: the same rows of every replica's table.
+      rows = np.broadcast_to(rows, (state_L.step.shape[0], rows.shape[0]))
+    recovered = restore.write_rows_per_replica(live, jnp.asarray(rows), values)
     return restore.with_row_leaves(state_L, restore.placed_like(recovered, live)), step
 
   def _local(self, sync_state_R: PyTree) -> PyTree:
