@@ -311,16 +311,7 @@ class Generation:
   def _watch(self, grace_s: float, random_kill: tuple[float, int] | None) -> None:
     deadline = None
     while any(p.poll() is None for p in self._processes):
-      going_down = self._failure is not None
-      for process_id, process in enumerate(self._processes):
-        code = process.poll()
-        if code in (None, 0):
-          continue
-        if code in _PEER_LOST_CODES:  # A survivor: the failure is the peer it lost (`_blamed`), not itself.
-          going_down = True
-        elif self._failure is None:
-          self._fail(Failure(process_id, describe_exit(code)), announce=code != exit_codes.USAGE)
-          going_down = True
+      going_down = self._scan_exits()
       if going_down and deadline is None:
         deadline = time.monotonic() + grace_s
         self._tell_the_others()
@@ -336,8 +327,24 @@ class Generation:
             self.say(f'[launch] process {process_id} did not stop within {grace_s:g} s; killing it.')
             process.kill()
       time.sleep(_POLL_S)
+    self._scan_exits()  # Processes that all ended between two polls (a crash of every process at its start).
     if self._failure is None and any(p.returncode in _PEER_LOST_CODES for p in self._processes):
       self._fail(self._blamed or Failure(-1, 'every process lost its peers (the coordinator or the network?)'))
+
+  def _scan_exits(self) -> bool:
+    """Blames the first process found ended in failure (not a survivor's lost peer); True if the generation is going
+    down (a failure, or a survivor that lost its peer)."""
+    going_down = self._failure is not None
+    for process_id, process in enumerate(self._processes):
+      code = process.poll()
+      if code in (None, 0):
+        continue
+      if code in _PEER_LOST_CODES:  # A survivor: the failure is the peer it lost (`_blamed`), not itself.
+        going_down = True
+      elif self._failure is None:
+        self._fail(Failure(process_id, describe_exit(code)), announce=code != exit_codes.USAGE)
+        going_down = True
+    return going_down
 
   def _fail(self, failure: Failure, announce: bool = True) -> None:
     with self._lock:

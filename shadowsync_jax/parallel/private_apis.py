@@ -27,10 +27,13 @@ tests/parallel/test_private_apis.py fails when a symbol used here changes its na
 
 import functools
 import importlib.metadata
+import inspect
 from typing import Any
 import warnings
 
 WRITTEN_FOR = {'jax': '0.10.2', 'jaxlib': '0.10.2', 'orbax-checkpoint': '0.12.8'}
+# `jax._src.compiler._cache_write`'s parameters in those versions (the replacement takes the same).
+CACHE_WRITE_PARAMETERS = ('cache_key', 'compile_time_secs', 'module_name', 'backend', 'executable', 'host_callbacks')
 
 
 def check_versions() -> list[str]:
@@ -99,10 +102,22 @@ def bind_gloo_to(address: str) -> None:
 
 
 def cache_writes_from_any_process() -> None:
-  """Every process writes the programs it compiles to its persistent compilation cache (JAX: process 0 only)."""
+  """Every process writes the programs it compiles to its persistent compilation cache (JAX: process 0 only).
+
+  Where JAX's writer takes other parameters than those of the versions in `WRITTEN_FOR`, nothing is replaced and a
+  warning says so: JAX's own writer stays (process 0 writes; the others compile again after a restart)."""
   _warn_once_if_other_versions()
   from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
+
+  parameters = tuple(inspect.signature(compiler._cache_write).parameters)  # pylint: disable=protected-access
+  if parameters != CACHE_WRITE_PARAMETERS:
+    warnings.warn(
+      f'jax._src.compiler._cache_write takes {parameters}, not {CACHE_WRITE_PARAMETERS}: left as it is, so only '
+      'process 0 writes the compilation cache',
+      stacklevel=2,
+    )
+    return
 
   def write_from_any_process(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
     if host_callbacks:  # As JAX's own write: a program with host callbacks is not cached.

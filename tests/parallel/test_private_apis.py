@@ -6,6 +6,8 @@ import inspect
 import pathlib
 import re
 
+import pytest
+
 from shadowsync_jax.parallel import private_apis
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -43,14 +45,7 @@ def test_the_compilation_cache_internals_it_uses():
   from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
 
-  assert _parameters(compiler._cache_write) == [  # pylint: disable=protected-access
-    'cache_key',
-    'compile_time_secs',
-    'module_name',
-    'backend',
-    'executable',
-    'host_callbacks',
-  ]
+  assert tuple(_parameters(compiler._cache_write)) == private_apis.CACHE_WRITE_PARAMETERS  # pylint: disable=protected-access
   assert _parameters(compilation_cache.put_executable_and_time) == [
     'cache_key',
     'module_name',
@@ -58,6 +53,19 @@ def test_the_compilation_cache_internals_it_uses():
     'backend',
     'compile_time',
   ]
+
+
+def test_a_cache_writer_of_other_parameters_is_left_as_jax_has_it(monkeypatch):
+  """jax 0.11 calls its writer with other arguments than 0.10: replacing it would break every compilation."""
+  from jax._src import compiler  # pylint: disable=g-import-not-at-top
+
+  def writer_of_another_version(cache_key, compile_time_secs, module_name, backend, executable):
+    del cache_key, compile_time_secs, module_name, backend, executable
+
+  monkeypatch.setattr(compiler, '_cache_write', writer_of_another_version)
+  with pytest.warns(UserWarning, match='only process 0 writes the compilation cache'):
+    private_apis.cache_writes_from_any_process()
+  assert compiler._cache_write is writer_of_another_version  # pylint: disable=protected-access
 
 
 def test_the_orbax_internals_it_uses():
