@@ -8,6 +8,7 @@ import pytest
 from experiments.configs import default
 from shadowsync_jax import config as config_lib
 from shadowsync_jax import train
+from shadowsync_jax.parallel import memory
 
 SUMMARY_KEYS = (
   'eval_ne',
@@ -156,12 +157,15 @@ def test_invalid_config_fails_before_training(tmp_path):
 
 
 def test_a_state_that_cannot_fit_is_refused_before_anything_is_allocated(tmp_path):
-  """Tables of 2 billion rows in every one of 8 replicas: the run stops at once, saying what it needs and what to
-  change (sharding them, or smaller tables), and leaves nothing behind."""
-  config = _tiny(num_replicas=8, data__cardinalities=(80_000_000,) * 26)
+  """Tables of twice this machine's available memory (their f32 rows alone) in every one of 8 replicas: the run
+  stops at once, saying what it needs and what to change (sharding them, or smaller tables), and leaves nothing
+  behind; sharded, once in the job, they are still too much."""
+  width = default.get_config('tiny').model.embedding_dim
+  rows = 2 * memory.available_host_bytes() // (26 * width * 4) + 1
+  config = _tiny(num_replicas=8, data__cardinalities=(rows,) * 26)
   with pytest.raises(config_lib.ConfigError, match=r'needs [\d.]+ GB.*available.*sync\.embedding_placement=sharded'):
     train.train_and_evaluate(config, tmp_path)
   assert not list(tmp_path.iterdir())
   config.sync.embedding_placement = 'sharded'
-  with pytest.raises(config_lib.ConfigError, match=r'data\.cardinalities'):  # 133 GB even once: still too much here.
+  with pytest.raises(config_lib.ConfigError, match=r'data\.cardinalities'):
     train.train_and_evaluate(config, tmp_path)
