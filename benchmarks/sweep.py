@@ -27,7 +27,9 @@ from absl import logging
 import jax
 
 from shadowsync_jax import cli
+from shadowsync_jax import config as config_lib
 from shadowsync_jax.parallel import compilation_cache
+from shadowsync_jax.studies import report
 
 flags.DEFINE_string(
   'output_dir', None, 'Where the cells, sweep.csv and the figures go (default runs/sweep, runs/sweep_tiny with --tiny).'
@@ -53,7 +55,11 @@ flags.DEFINE_integer(
 flags.DEFINE_integer('num_eval_examples', None, 'Held-out examples (default 200,000; --tiny: 4096).')
 flags.DEFINE_integer('batch_size', None, 'Examples per replica per step (default 128; --tiny: 64).')
 flags.DEFINE_integer('every_k_steps', 10, "Steps between the foreground algorithms' rounds.")
-flags.DEFINE_float('min_interval_s', 0.1, "Least seconds between the shadow algorithms' background rounds.")
+flags.DEFINE_string(
+  'min_interval_s',
+  None,
+  "sync.min_interval_s of the shadow algorithms: seconds, or 'auto'; unset: the default ('auto').",
+)
 flags.DEFINE_integer('seed', 0, 'Seed of the data, the teacher and the model init.')
 FLAGS = flags.FLAGS
 
@@ -75,7 +81,8 @@ def base_config():
   config.data.num_eval_examples = FLAGS.num_eval_examples or eval_examples
   config.batch_size = FLAGS.batch_size or batch_size
   config.sync.every_k_steps = FLAGS.every_k_steps
-  config.sync.min_interval_s = FLAGS.min_interval_s
+  if FLAGS.min_interval_s is not None:
+    config.sync.min_interval_s = config_lib.min_interval_from_text(FLAGS.min_interval_s)
   config.seed = FLAGS.seed
   config.train.progress_every_s = 30.0
   return config
@@ -108,7 +115,13 @@ def main(argv):
       'cannot grow with R here (DESIGN §6); read the ratio to none.'
     )
   rows = sweep.run(
-    cells, base_config(), output_dir, train.train_and_evaluate, num_devices=len(jax.devices()), plot_note=note
+    cells,
+    base_config(),
+    output_dir,
+    train.train_and_evaluate,
+    num_devices=len(jax.devices()),
+    plot_note=note,
+    command=report.command_line(),
   )
   print(
     f'{len(rows)} cells -> {output_dir}/{sweep.CSV_FILENAME} and '

@@ -9,7 +9,7 @@
 
 Every run trains the same config but `sync.algorithm` and `gba.straggler_prob`. sync_sgd trains for real on R
 replicas (train.py); its emulated time is read from the same seeded worker step times that order gba's and
-async_sgd's arrivals (`gba.WorkerStepTimes`): each of its global steps waits for its slowest worker. So the three
+async_sgd's arrivals (`step_times.WorkerStepTimes`): each of its global steps waits for its slowest worker. So the three
 face the same stragglers, and their emulated examples/sec compare; real examples/sec and wall time are this
 machine's and say what the emulation cost. sync_sgd's training does not depend on the step times, so it is trained
 once and its row repeated under each straggler setting with that setting's emulated time.
@@ -27,7 +27,7 @@ import ml_collections
 
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
-from shadowsync_jax.gba import aggregation as gba
+from shadowsync_jax.gba import step_times
 
 ALGORITHMS = ('sync_sgd', 'async_sgd', 'gba')
 
@@ -118,7 +118,7 @@ def _new_workdir(workdir: pathlib.Path) -> pathlib.Path:
 
 def _sync_sgd_emulated(config: ml_collections.ConfigDict) -> dict[str, float]:
   steps = input_pipeline.num_steps(config.data.num_train_examples, config.num_replicas, config.batch_size)
-  seconds = gba.WorkerStepTimes.sample(config.gba, config.num_replicas, steps, config.seed).sync_time_s(0, steps)
+  seconds = step_times.WorkerStepTimes.sample(config.gba, config.num_replicas, steps, config.seed).sync_time_s(0, steps)
   return {
     'emulated_time_s': seconds,
     'emulated_examples_per_sec': steps * config.num_replicas * config.batch_size / seconds,

@@ -14,7 +14,6 @@ README headline is on the page its row links. A target reads "met" only where th
 """
 
 from collections.abc import Callable
-import csv
 import pathlib
 import re
 import statistics
@@ -124,13 +123,14 @@ def _across_hosts(path: str) -> str:
 
 
 def _sweep(path: str) -> str:
-  with (REPO_ROOT / path).open() as f:
-    rows = list(csv.DictReader(f))
-  top = max(int(r['replicas']) for r in rows)
+  from shadowsync_jax.studies import sweep  # pylint: disable=g-import-not-at-top  (matplotlib: only when asked)
+
+  rows = sweep.read_csv(REPO_ROOT / path)
+  top = max(r['replicas'] for r in rows)
   at = lambda algorithm, replicas: next(
-    float(r['ne_vs_floor_pct']) for r in rows if r['algorithm'] == algorithm and int(r['replicas']) == replicas
+    r['ne_vs_floor_pct'] for r in rows if r['algorithm'] == algorithm and r['replicas'] == replicas
   )
-  synced = [float(r['ne_vs_floor_pct']) for r in rows if int(r['replicas']) == top and r['algorithm'] != 'none']
+  synced = [r['ne_vs_floor_pct'] for r in rows if r['replicas'] == top and r['algorithm'] != 'none']
   return (
     f"with the data fixed, `none`'s NE goes from {at('none', 1):.1f}% above the floor at 1 replica to "
     f'{at("none", top):.1f}% at {top}; the synced algorithms stay at {min(synced):.1f}-{max(synced):.1f}% at {top}'

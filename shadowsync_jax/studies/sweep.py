@@ -27,8 +27,10 @@ import ml_collections
 from shadowsync_jax import config as config_lib
 from shadowsync_jax.metrics import progress
 from shadowsync_jax.metrics import writer as metric_writer
+from shadowsync_jax.studies import provenance
 
 CSV_FILENAME = 'sweep.csv'
+_COMMENT = '# '  # Lines above the header: the provenance of a finished sweep (`write_csv`).
 CSV_COLUMNS = (
   'replicas',
   'algorithm',
@@ -111,8 +113,10 @@ def run(
   plot_note: str = '',
   print_fn: Callable[[str], None] = print,
   clock: Callable[[], float] = time.monotonic,
+  command: str | None = None,
 ) -> list[Row]:
   """Trains every cell (reading back cells finished by an earlier run), writes the CSV as it goes, then the plots.
+  With the sweep's `command`, the finished CSV records its provenance (`studies.provenance`).
 
   Every cell's config is validated against `num_devices` before the first one trains, so a bad grid fails at
   once. `plot_note` goes under the throughput figure's title.
@@ -149,6 +153,8 @@ def run(
       )
     rows.append(row_from_summary(cell, summary, workdir))
     write_csv(rows, output_dir / CSV_FILENAME)
+  if command is not None:
+    write_csv(rows, output_dir / CSV_FILENAME, provenance.collect(command))
   plot_all(rows, output_dir, plot_note)
   return rows
 
@@ -212,11 +218,15 @@ def with_ratio_to_none(rows: Sequence[Row]) -> list[Row]:
   return [{**r, 'examples_per_sec_vs_none': ratio(r)} for r in rows]
 
 
-def write_csv(rows: Sequence[Row], path: str | pathlib.Path) -> None:
-  """One line per cell, columns `CSV_COLUMNS`; a missing value (no floor, no sync gap) is an empty field."""
+def write_csv(rows: Sequence[Row], path: str | pathlib.Path, record: dict[str, Any] | None = None) -> None:
+  """One line per cell, columns `CSV_COLUMNS`; a missing value (no floor, no sync gap) is an empty field. With a
+  provenance `record` (the finished sweep's), comment lines ('# ') above the header say where it came from."""
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   with path.open('w', newline='', encoding='utf-8') as csv_file:
+    if record is not None:
+      for line in (f'`{record["command"]}`', provenance.line(record), provenance.comment(record)):
+        csv_file.write(f'{_COMMENT}{line}\n')
     writer = csv.DictWriter(csv_file, fieldnames=CSV_COLUMNS)
     writer.writeheader()
     for row in with_ratio_to_none(rows):
@@ -234,7 +244,8 @@ def read_csv(path: str | pathlib.Path) -> list[Row]:
     return int(text) if column in _INT_COLUMNS else float(text)
 
   with pathlib.Path(path).open(newline='', encoding='utf-8') as csv_file:
-    return [{column: parse(column, text) for column, text in line.items()} for line in csv.DictReader(csv_file)]
+    lines = (line for line in csv_file if not line.startswith(_COMMENT))
+    return [{column: parse(column, text) for column, text in line.items()} for line in csv.DictReader(lines)]
 
 
 # Plots. One colour per sync rule, solid for the foreground driver and dashed for the background (shadow) one.

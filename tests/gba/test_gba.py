@@ -319,3 +319,24 @@ def test_mean_table_averages_each_cell_over_seeds_against_the_same_seeds_sync_sg
   assert gba_line == (
     '| 10% of steps 4x slower | gba | 0.8450 | -0.50% (+1.00%, -2.00%) | 0.7000 (0.7100, 0.6900) | 2.50x |'
   )
+
+
+def test_study_gives_sync_sgd_the_emulated_time_of_its_slowest_worker_each_step(tmp_path, monkeypatch):
+  """sync_sgd trains once; under stragglers its emulated examples/sec falls, as each global step waits."""
+  from experiments.configs import gba as gba_config  # pylint: disable=g-import-not-at-top
+  from shadowsync_jax.studies import gba as gba_study  # pylint: disable=g-import-not-at-top
+
+  trained = []
+
+  def fake_train(config, workdir):
+    trained.append(workdir)
+    return {'sync_algorithm': config.sync.algorithm, 'eval_ne': 0.8}
+
+  monkeypatch.setattr(gba_study.train, 'train_and_evaluate', fake_train)
+  base = gba_config.get_config('tiny')
+  rows = gba_study.run(base, tmp_path, straggler_probs=(0.0, 0.2), algorithms=('sync_sgd',))
+  assert len(trained) == 1 and [row['straggler_prob'] for row in rows] == [0.0, 0.2]
+  steps = base.data.num_train_examples // (base.num_replicas * base.batch_size)
+  without, with_stragglers = (row['emulated_examples_per_sec'] for row in rows)
+  assert steps * base.num_replicas * base.batch_size / rows[0]['emulated_time_s'] == pytest.approx(without)
+  assert with_stragglers < 0.9 * without

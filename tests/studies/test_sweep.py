@@ -6,6 +6,7 @@ import pytest
 
 from experiments.configs import default
 from shadowsync_jax import train
+from shadowsync_jax.studies import provenance
 from shadowsync_jax.studies import sweep
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -161,8 +162,15 @@ def test_sweep_trains_each_cell_on_the_same_stream_and_resumes(small_base_config
   assert any(line.startswith('cell 2/2: fr_ma R=2 done in') and 'eval NE' in line for line in printed), printed
 
   printed.clear()
-  again = sweep.run(cells, small_base_config, tmp_path, _must_not_train, num_devices=8, print_fn=printed.append)
+  again = sweep.run(
+    cells, small_base_config, tmp_path, _must_not_train, num_devices=8, print_fn=printed.append, command='the sweep'
+  )
   assert again == rows
+  text = (tmp_path / sweep.CSV_FILENAME).read_text()
+  record = provenance.read(text)  # A finished sweep with its command says where its CSV came from.
+  assert record['command'] == 'the sweep' and text.startswith('# `the sweep`\n# Written ')
+  assert 'shadowsync_jax/studies/sweep.py' in record['measures']
+  assert [r['eval_ne'] for r in sweep.read_csv(tmp_path / sweep.CSV_FILENAME)] == [r['eval_ne'] for r in rows]
   assert all('finished earlier' in line for line in printed), printed
 
   changed = small_base_config.copy_and_resolve_references()
