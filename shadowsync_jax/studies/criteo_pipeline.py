@@ -17,8 +17,6 @@ in a job of two (one replica each), so that reading is compared with training in
 """
 
 from collections.abc import Sequence
-import io
-import json
 import os
 import pathlib
 import shutil
@@ -37,7 +35,7 @@ from shadowsync_jax.data.criteo import generate
 from shadowsync_jax.data.prepared import builder
 from shadowsync_jax.data.prepared import manifest
 from shadowsync_jax.data.prepared import source as prepared_source
-from shadowsync_jax.parallel import launcher
+from shadowsync_jax.studies import jobs
 
 DAYS = 7  # Kaggle's layout: days 1-6 train, day 7 held out.
 PREPARE_TARGET = 100_000  # rows/s per core (issue 20).
@@ -214,10 +212,9 @@ def _read_as_process(task: tuple, state: None, report) -> dict[str, Any]:
 def measure_training_job(
   config_file: str, prepared_dir: str, workdir: pathlib.Path, train_examples: int, num_processes: int
 ) -> dict[str, Any]:
-  """The same in a job of `num_processes` processes of one replica each (`parallel.launcher`, as
-  `experiments.launch` runs it); its summary.json, less the config."""
-  flags = [
-    f'--workdir={workdir}',
+  """The same in a job of `num_processes` processes of one replica each, started as a user starts it
+  (`experiments.launch`, through `studies.jobs`); its summary.json, less the config."""
+  train_flags = [
     f'--config={config_file}',
     f'--config.data.prepared_dir={prepared_dir}',
     f'--config.data.num_train_examples={train_examples}',
@@ -225,13 +222,11 @@ def measure_training_job(
     '--config.train.checkpoint_every_steps=0',
     '--config.train.progress_every_s=30',
   ]
-  output = io.StringIO()
-  code = launcher.launch(
-    flags, num_processes, cpu_devices=1, peer_timeout_s=60.0, grace_s=30.0, pin_cpus=False, out=output
-  )
-  if code != 0:
-    raise RuntimeError(f'the {num_processes}-process training job failed:\n{output.getvalue()}')
-  return _without_config(json.loads((workdir / 'summary.json').read_text()))
+  launch_flags = [f'--num_processes={num_processes}', '--cpu_devices=1', '--peer_timeout_s=60', '--grace_s=30']
+  job = jobs.launch(workdir, launch_flags, train_flags)
+  if job.summary is None:
+    raise RuntimeError(f'the {num_processes}-process training job refused its config: {job.error}')
+  return _without_config(job.summary)
 
 
 def measure_training(

@@ -71,3 +71,19 @@ def test_the_table_checks_every_target():
   ]
   assert '1,200,000 examples/s per process (the slower)' in rows[3]
   assert '70,000 examples/s a replica (the faster)' in rows[6]
+
+
+def test_the_training_job_is_launched_as_a_user_launches_it(tmp_path, monkeypatch):
+  """`experiments.launch` through the studies' one job runner, one replica a process, the prepared data."""
+  launched = []
+
+  def fake_launch(workdir, launch_flags, train_flags):
+    launched.append((workdir, launch_flags, train_flags))
+    return criteo_pipeline.jobs.Job({'eval_ne': 0.84, 'config': {}}, 1.0, None, None)
+
+  monkeypatch.setattr(criteo_pipeline.jobs, 'launch', fake_launch)
+  summary = criteo_pipeline.measure_training_job('CONFIG.py', '/data', tmp_path, 1000, num_processes=2)
+  assert summary == {'eval_ne': 0.84}
+  ((workdir, launch_flags, train_flags),) = launched
+  assert workdir == tmp_path and '--num_processes=2' in launch_flags
+  assert {'--config=CONFIG.py', '--config.data.prepared_dir=/data', '--config.num_replicas=2'} <= set(train_flags)
