@@ -45,7 +45,7 @@ def _commits_since(commit: str, paths: list[str], repo: pathlib.Path) -> tuple[s
 def entry(path: pathlib.Path, repo: pathlib.Path = provenance.REPO_ROOT) -> Entry:
   """What is known of one result file's freshness."""
   relative = path.resolve().relative_to(repo).as_posix()
-  record = provenance.read(path.read_text()) if path.suffix == '.md' else None
+  record = provenance.read(path.read_text())  # A CSV holds it in a comment line above its header.
   if record is not None:
     now = provenance.blob_hashes(sorted(record['measures']), repo)
     changed = [p for p, digest in record['measures'].items() if now[p] != digest and not _same_code(repo, p, digest)]

@@ -76,6 +76,7 @@ def test_a_result_goes_stale_when_code_it_measures_changes_and_says_which_commit
   assert record['tree_clean'] and list(record['measures']) == ['lib/measured.py']
   (repo / 'results').mkdir()
   (repo / 'results' / 'r.md').write_text(f'# R\n\n`python -m study`\n\n{provenance.comment(record)}\n')
+  (repo / 'results' / 'r.csv').write_text(f'# {provenance.comment(record)}\na,b\n1,2\n')  # A sweep's CSV.
   _commit(repo, 'the result')
   (repo / 'lib' / 'other.py').write_text('Y = 2\n')
   _commit(repo, 'an unmeasured change')
@@ -89,6 +90,7 @@ def test_a_result_goes_stale_when_code_it_measures_changes_and_says_which_commit
   _commit(repo, 'a measured change')
   e = staleness.entry(repo / 'results' / 'r.md', repo)
   assert e.recorded and e.changed_files == ('lib/measured.py',)
+  assert staleness.entry(repo / 'results' / 'r.csv', repo) == e._replace(path='results/r.csv')
   assert [c.split(' ', 2)[2] for c in e.commits] == ['a measured change', 'a docstring and a comment'], e.commits
   assert 'STALE' in staleness.describe(e) and 'a measured change' in staleness.describe(e)
 
