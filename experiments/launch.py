@@ -9,7 +9,7 @@ up to N times (`shadowsync_jax.parallel.supervisor`); what each process restores
 Failures on purpose: `--kill_at=PROCESS@STEP` (the first generation only; tests) and `--kill_mtbf_s=S
 --kill_seed=K` (a random process SIGKILLed at exponential times of mean S seconds; studies). With restarts left,
 the next start waits ready (`--warm_standby`, the default: imported, its coordinator serving) from the moment every
-process trains, so a restart costs what a start costs after its imports: 1.3-2.0 s from a death to training again
+process trains, so a restart costs what a start costs after its imports: 1.3-1.8 s from a death to training again
 on the default problem here (docs/studies/real_failures.md), against 4-5 s started cold.
 
 Across emulated hosts (root and iproute2; `shadowsync_jax.parallel.netns`, `experiments.hosts`):
