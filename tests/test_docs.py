@@ -113,6 +113,11 @@ _THOUSANDS = re.compile(r'(?<![\w.,])\d{1,3}(?:,\d{3})+(?![\d.])')
 _NOT_MEASURED = re.compile(r'<!-- not measured: (?P<figures>.*?) -->', re.S)
 
 
+def _figures(text: str) -> list[str]:
+  """The figures a page's text quotes: decimals, and integers with thousands separators."""
+  return _DECIMAL.findall(text) + _THOUSANDS.findall(text)
+
+
 def test_every_figure_of_a_study_page_is_in_a_result_file_it_links_or_said_to_be_no_measurement():
   """A page's prose quotes figures (decimals, and integers with thousands separators) of its result files;
   settings, targets, data sizes and the papers' figures are listed in the page's `<!-- not measured: ... -->`
@@ -126,12 +131,8 @@ def test_every_figure_of_a_study_page_is_in_a_result_file_it_links_or_said_to_be
     prose = re.sub(r'arXiv:\S+|\d+\.\d+\.\d+\.\d+', '', prose)  # Paper ids and addresses.
     results = sorted(set(re.findall(r'benchmarks/results/[\w./-]+\.(?:md|csv)', text)))
     corpus = [(REPO_ROOT / r).read_text() for r in results if (REPO_ROOT / r).exists()]
-    declared = {
-      f
-      for m in _NOT_MEASURED.finditer(text)
-      for f in _DECIMAL.findall(m.group('figures')) + _THOUSANDS.findall(m.group('figures'))
-    }
-    for figure in _DECIMAL.findall(prose) + _THOUSANDS.findall(prose):
+    declared = {f for m in _NOT_MEASURED.finditer(text) for f in _figures(m.group('figures'))}
+    for figure in _figures(prose):
       if figure not in declared and not any(_holds(result, figure) for result in corpus):
         problems.append(f'{page.name}: {figure}')
   assert not problems, f'figures in no result file the page links: {problems}'

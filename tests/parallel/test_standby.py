@@ -1,4 +1,5 @@
-"""The launcher's warm standby: a generation started ahead waits, imported, until it runs (or is abandoned)."""
+"""The launcher's generations: a warm standby started ahead waits, imported, until it runs (or is abandoned); a
+generation whose processes all fail names one of them."""
 
 import json
 import pathlib
@@ -11,7 +12,9 @@ from shadowsync_jax.parallel import launcher
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _generation(workdir: pathlib.Path, number: int, schedule=None) -> launcher.Generation:
+def _generation(
+  workdir: pathlib.Path, number: int, schedule=None, module: str = 'tests.parallel.standby_probe'
+) -> launcher.Generation:
   return launcher.Generation(
     [f'--workdir={workdir}'],
     num_processes=2,
@@ -21,7 +24,7 @@ def _generation(workdir: pathlib.Path, number: int, schedule=None) -> launcher.G
     coordinator_port=launcher.free_port(),
     number=number,
     kill_schedule=schedule,
-    module='tests.parallel.standby_probe',
+    module=module,
   )
 
 
@@ -63,3 +66,12 @@ def test_an_abandoned_standby_never_joins_and_leaves_nothing_running(tmp_path, m
   assert not list(tmp_path.glob('joined_*'))
   generation.prepare()  # Abandoned for good: nothing starts again.
   assert not generation._processes[2:]  # pylint: disable=protected-access
+
+
+def test_processes_that_all_fail_before_the_first_look_are_still_blamed(tmp_path, monkeypatch):
+  """Processes gone between two polls (here: a module that does not exist) are a failure named by one of them (a
+  slower one may still be starting, and is stopped)."""
+  monkeypatch.chdir(REPO)
+  outcome = _generation(tmp_path, number=0, module='tests.parallel.no_such_module').run(grace_s=5)
+  assert not outcome.succeeded and outcome.failure is not None, outcome
+  assert outcome.codes[outcome.failure.process] == 1 and 'code 1' in outcome.failure.how, outcome
