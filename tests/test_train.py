@@ -159,10 +159,12 @@ def test_invalid_config_fails_before_training(tmp_path):
 def test_a_state_that_cannot_fit_is_refused_before_anything_is_allocated(tmp_path):
   """Tables of twice this machine's available memory (their f32 rows alone) in every one of 8 replicas: the run
   stops at once, saying what it needs and what to change (sharding them, or smaller tables), and leaves nothing
-  behind; sharded, once in the job, they are still too much."""
-  width = default.get_config('tiny').model.embedding_dim
+  behind; sharded, once in the job, they are still too much. Rows of 512 keep the concatenated table's row ids
+  within int32 on machines of up to ~2 TB (the tiny config's 8 overflowed them on one of 125 GB)."""
+  width = 512
   rows = 2 * memory.available_host_bytes() // (26 * width * 4) + 1
-  config = _tiny(num_replicas=8, data__cardinalities=(rows,) * 26)
+  config = _tiny(num_replicas=8, data__cardinalities=(rows,) * 26, model__embedding_dim=width)
+  config.model.bottom_mlp = (16, width)
   with pytest.raises(config_lib.ConfigError, match=r'needs [\d.]+ GB.*available.*sync\.embedding_placement=sharded'):
     train.train_and_evaluate(config, tmp_path)
   assert not list(tmp_path.iterdir())
