@@ -2,19 +2,22 @@
 
   from experiments.configs import recovery
   from shadowsync_jax.studies import cpr
-  rows = cpr.run(recovery.get_config(), root='/tmp/cpr')   # no failures, full, partial, cpr_mfu, cpr_ssu, cpr
-  print(cpr.table(rows))
+  rows = cpr.run(recovery.get_config(), root='/tmp/cpr', seeds=(0, 1, 2))   # each seed: no failures, full, ...
+  print(cpr.table(rows))          # each mode over the seeds (mean, range), then every run
+  modes = cpr.by_mode(rows)       # {'full': {'overhead_pct': ..., 'overhead_pct_range': [lo, hi], ...}, ...}
 
-Every run trains the same config but `recovery.mode`; the failure schedule depends on the seed, the MTBF and the
-part counts only, so every mode meets the same failures at the same steps (full recovery meets more of them: its
-clock runs on through the steps it trains again). The no-failure run saves no checkpoint but the final one: its
-time is the failure-free time, and its eval NE the reference. Overhead columns are each run's own accounts
-(`recovery.Account`) over its own failure-free step time, so they compare within one study run even on a loaded
-machine; wall time is shown beside them as a cross-check.
+Every run of a seed trains the same config but `recovery.mode`; the failure schedule depends on the seed, the MTBF
+and the part counts only, so every mode of a seed meets the same failures at the same steps (full recovery meets
+more of them: its clock runs on through the steps it trains again). A seed also sets the data and the initial
+model, so a mode is compared with the runs of its own seed: the no-failure run (which saves no checkpoint but the
+final one: its time is the failure-free time, and its eval NE the reference) and full recovery. Overhead columns
+are each run's own accounts (`recovery.Account`) over its own failure-free step time, so they compare within one
+study run even on a loaded machine; wall time is shown beside them as a cross-check.
 """
 
 import copy
 import pathlib
+import statistics
 from typing import Any
 
 import ml_collections
@@ -33,15 +36,72 @@ def config_for(base: ml_collections.ConfigDict, mode: str) -> ml_collections.Con
   return config
 
 
-def run(base: ml_collections.ConfigDict, root: str | pathlib.Path, modes: tuple[str, ...] = MODES) -> list[dict]:
-  """Trains `base` once per mode in `root/<mode>`; returns the summaries, each with its 'label'."""
+def run(
+  base: ml_collections.ConfigDict,
+  root: str | pathlib.Path,
+  modes: tuple[str, ...] = MODES,
+  seeds: tuple[int, ...] | None = None,
+) -> list[dict]:
+  """Trains `base` once per seed (default: its own) and mode in `root/seed_<seed>/<mode>`; returns the summaries,
+  each with its 'label' and 'seed'."""
   rows = []
-  for mode in modes:
-    print(f'--- recovery.mode={mode}', flush=True)
-    summary = train.train_and_evaluate(config_for(base, mode), pathlib.Path(root) / mode)
-    label = {'none': 'no failures', 'cpr': f'cpr (as {summary.get("recovered_as")})'}.get(mode, mode)
-    rows.append({**summary, 'label': label})
+  for seed in seeds if seeds is not None else (base.seed,):
+    for mode in modes:
+      print(f'--- seed={seed} recovery.mode={mode}', flush=True)
+      config = config_for(base, mode)
+      config.seed = seed
+      summary = train.train_and_evaluate(config, pathlib.Path(root) / f'seed_{seed}' / mode)
+      label = {'none': 'no failures', 'cpr': f'cpr (as {summary.get("recovered_as")})'}.get(mode, mode)
+      rows.append({**summary, 'label': label, 'seed': seed})
   return rows
+
+
+def _reference(rows: list[dict[str, Any]], seed: int | None) -> dict[str, Any] | None:
+  """A seed's NE reference: its run without failures, or else its full recovery (which ends with exactly the
+  failure-free model)."""
+  same = [r for r in rows if r.get('seed') == seed]
+  return next((r for r in same if r['recovery_mode'] == 'none'), _full(rows, seed))
+
+
+def _full(rows: list[dict[str, Any]], seed: int | None) -> dict[str, Any] | None:
+  return next((r for r in rows if r.get('seed') == seed and r['recovery_mode'] == 'full'), None)
+
+
+def ne_vs_reference_pct(row: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
+  """A run's eval NE over its seed's reference, in % (None: no reference)."""
+  reference = _reference(rows, row.get('seed'))
+  return None if reference is None else 100 * (row['eval_ne'] / reference['eval_ne'] - 1)
+
+
+def overhead_vs_full(row: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
+  """A run's overhead over full recovery's on the same seed (None: no such run, or no overhead)."""
+  full = _full(rows, row.get('seed'))
+  if full is None or not full['recovery_overhead_pct'] or row['recovery_overhead_pct'] is None:
+    return None
+  return row['recovery_overhead_pct'] / full['recovery_overhead_pct']
+
+
+def by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+  """Per recovery mode (but the run without failures) over its seeds: the mean and range (`<key>_range`: lowest,
+  highest) of the overhead (% of the failure-free time, and over full recovery's on the same seed), of the NE's
+  difference to its seed's reference, of the failures met and of the actual PLS; `recovered_as` lists what `cpr`
+  ran as, a seed each."""
+  modes: dict[str, dict[str, Any]] = {}
+  for mode in dict.fromkeys(r['recovery_mode'] for r in rows if r['recovery_mode'] != 'none'):
+    runs = [r for r in rows if r['recovery_mode'] == mode]
+    figures = {
+      'overhead_pct': [r['recovery_overhead_pct'] for r in runs],
+      'overhead_vs_full': [overhead_vs_full(r, rows) for r in runs],
+      'ne_vs_reference_pct': [ne_vs_reference_pct(r, rows) for r in runs],
+      'failures': [r['num_failures'] for r in runs],
+      'actual_pls': [r['actual_pls'] for r in runs],
+    }
+    modes[mode] = {'seeds': [r.get('seed') for r in runs], 'recovered_as': [r.get('recovered_as') for r in runs]}
+    for key, values in figures.items():
+      values = [v for v in values if v is not None]
+      modes[mode][key] = statistics.fmean(values) if values else None
+      modes[mode][f'{key}_range'] = [min(values), max(values)] if values else None
+  return modes
 
 
 def _pct(value: float | None) -> str:
@@ -55,15 +115,39 @@ def _share(row: dict, key: str) -> str:
   return _pct(100 * details[key] / details['failure_free_s'])
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-  """A markdown table of the runs (NE against the run without failures, or else full recovery's) and a line of
-  settings."""
-  # Without a failure-free run, full recovery's: it ends with exactly the failure-free model.
-  reference = next(
-    (r for r in rows if r['recovery_mode'] == 'none'), next((r for r in rows if r['recovery_mode'] == 'full'), None)
-  )
-  full = next((r for r in rows if r['recovery_mode'] == 'full'), None)
+def _span(m: dict[str, Any], key: str, fmt: str) -> str:
+  """'mean (lowest to highest)' of a `by_mode` figure."""
+  if m[key] is None:
+    return ''
+  low, high = m[f'{key}_range']
+  return f'{fmt.format(m[key])} ({fmt.format(low)} to {fmt.format(high)})'
+
+
+def mode_table(rows: list[dict[str, Any]]) -> str:
+  """A markdown table of each recovery mode over its seeds (`by_mode`)."""
   lines = [
+    '| mode | seeds | failures | **overhead** | overhead / full (same seed) | NE vs no failures (same seed) | '
+    'actual PLS |',
+    '|---|---|---|---|---|---|---|',
+  ]
+  for mode, m in by_mode(rows).items():
+    ran_as = [a for a in m['recovered_as'] if a]
+    label = f'{mode} (as {", ".join(ran_as)})' if mode == 'cpr' and ran_as else mode
+    lines.append(
+      f'| {label} | {len(m["seeds"])} | {m["failures"]:.1f} | **{_span(m, "overhead_pct", "{:.2f}%")}** | '
+      f'{_span(m, "overhead_vs_full", "{:.2f}")} | {_span(m, "ne_vs_reference_pct", "{:+.3f}%")} | '
+      f'{_span(m, "actual_pls", "{:.4f}")} |'
+    )
+  return '\n'.join(lines)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+  """Markdown: with several seeds each mode over them (`mode_table`); then every run (NE against its seed's run
+  without failures, or else its full recovery's; overhead against its seed's full recovery), and a line of
+  settings."""
+  seeds = list(dict.fromkeys(r.get('seed') for r in rows))
+  lines = [mode_table(rows), ''] if len(seeds) > 1 else []
+  lines += [
     '| run | eval NE | NE vs no failures | failures | checkpoint every | priority every | blocked on saves | '
     're-trained | restores | row counting | **overhead** | overhead / full | estimated PLS | actual PLS | '
     'lost lookups | wall s |',
@@ -72,7 +156,7 @@ def table(rows: list[dict[str, Any]]) -> str:
   for r in rows:
     details = r.get('recovery') or {}
     failure_free = r['recovery_mode'] == 'none'
-    ne_vs = '' if reference is None else f'{100 * (r["eval_ne"] / reference["eval_ne"] - 1):+.3f}%'
+    ne_vs = ne_vs_reference_pct(r, rows)
     saves = (
       ''
       if failure_free
@@ -80,16 +164,14 @@ def table(rows: list[dict[str, Any]]) -> str:
         100 * (details['blocked_on_saves_s'] + details['blocked_on_priority_saves_s']) / details['failure_free_s']
       )
     )
-    vs_full = ''
-    if full is not None and not failure_free and full['recovery_overhead_pct']:
-      vs_full = f'{r["recovery_overhead_pct"] / full["recovery_overhead_pct"]:.2f}'
+    vs_full = overhead_vs_full(r, rows) if not failure_free else None
     pls = lambda key, r=r: '' if r[key] is None else f'{r[key]:.4f}'
     lines.append(
       ' | '.join(
         [
-          f'| {r["label"]}',
+          f'| {r["label"]}' + (f', seed {r["seed"]}' if len(seeds) > 1 else ''),
           f'{r["eval_ne"]:.5f}',
-          ne_vs,
+          '' if ne_vs is None else f'{ne_vs:+.3f}%',
           str(r['num_failures']),
           '' if failure_free else str(r['checkpoint_interval_steps']),
           str(details.get('priority_interval_steps') or ''),
@@ -98,7 +180,7 @@ def table(rows: list[dict[str, Any]]) -> str:
           _share(r, 'restore_s'),
           _share(r, 'row_counting_s'),
           f'**{_pct(r["recovery_overhead_pct"])}**' if r['recovery_overhead_pct'] is not None else '',
-          vs_full,
+          '' if vs_full is None else f'{vs_full:.2f}',
           pls('estimated_pls'),
           pls('actual_pls'),
           '' if failure_free else f'{details["lost_lookup_fraction"]:.4f}',
@@ -109,6 +191,7 @@ def table(rows: list[dict[str, Any]]) -> str:
   config = rows[0]['config']
   recovery = config['recovery']
   settings = [
+    *([f'seeds {", ".join(map(str, seeds))}'] if len(seeds) > 1 else []),
     f'{config["data"]["num_train_examples"]:,} examples',
     f'{rows[0]["train_steps"]} steps',
     f'{config["num_replicas"]} replica(s), sync {config["sync"]["algorithm"]}',
@@ -122,11 +205,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     details = row.get('recovery') or {}
     if details.get('save_cost_steps') is not None and row['recovery_mode'] == 'full':
       settings.append(
-        f'full: save cost {details["save_cost_steps"]:.1f} steps ({details["save_cost"]}), '
+        (f'full, seed {row["seed"]}' if len(seeds) > 1 else 'full')
+        + f': save cost {details["save_cost_steps"]:.1f} steps ({details["save_cost"]}), '
         f'mean restore {details["mean_restore_s"] or 0:.3f} s, mean step '
         f'{1e3 * details["mean_step_s"]:.2f} ms, expected overhead '
         f'{details.get("expected_overhead_pct", float("nan")):.1f}%'
       )
+  reference = _reference(rows, seeds[0])
   if reference is not None and reference.get('bayes_ne'):
-    settings.append(f'Bayes NE floor {reference["bayes_ne"]:.4f}')
+    settings.append(f'Bayes NE floor {reference["bayes_ne"]:.4f}' + (f' (seed {seeds[0]})' if len(seeds) > 1 else ''))
   return '\n'.join(lines) + '\n\n' + '; '.join(settings) + '.'

@@ -19,6 +19,7 @@ import re
 import statistics
 from typing import Any
 
+from shadowsync_jax.studies import cpr
 from shadowsync_jax.studies import real_failures
 from shadowsync_jax.studies import result_files
 
@@ -176,13 +177,22 @@ def _gba(path: str) -> str:
 
 
 def _cpr(path: str) -> str:
-  rows = {row['label']: row for row in _rows(path)}
-  full = rows['full']['recovery_overhead_pct']
-  partial = {k: rows[k]['recovery_overhead_pct'] / full for k in ('partial', 'cpr_mfu', 'cpr_ssu') if k in rows}
-  ne = [abs(100 * (rows[k]['eval_ne'] / rows['no failures']['eval_ne'] - 1)) for k in partial]
+  """Full recovery's overhead, the partial modes' shares of it on the same seed, the NE (mean and range over the
+  seeds)."""
+  rows = _rows(path)
+  modes = cpr.by_mode(rows)
+  seeds = len(modes['full']['seeds'])
+  shares = {k: modes[k] for k in ('partial', 'cpr_mfu', 'cpr_ssu', 'cpr') if k in modes}
+  ne = [abs(v) for m in shares.values() for v in m['ne_vs_reference_pct_range']]
+  span = lambda m, key, unit='': (
+    f'{m[key]:.2f}{unit}'
+    + (f' ({m[key + "_range"][0]:.2f}{unit} to {m[key + "_range"][1]:.2f}{unit})' if seeds > 1 else '')
+  )
   return (
-    f'emulated failures: partial recovery and CPR cost {min(partial.values()):.2f}-{max(partial.values()):.2f} of '
-    f"full recovery's overhead ({full:.2f}%), NE within {max(ne):.3f}% of the failure-free run's (one seed)"
+    f"emulated failures, {seeds} seed{'s' if seeds != 1 else ''}: full recovery's overhead "
+    f'{span(modes["full"], "overhead_pct", "%")}; '
+    + ', '.join(f'`{mode}` {span(m, "overhead_vs_full")}' for mode, m in shares.items())
+    + f" of it on the same seed; NE within {max(ne):.3f}% of the failure-free run's"
   )
 
 
