@@ -4,8 +4,8 @@ r"""The CPR study's extra setting, beside the defaults: more shards and a larger
       --out=benchmarks/results/recovery_8_shards_pls_0.02.md
 
 The default problem with failures of one of 8 embedding shards (default 4), every 1200 steps on average (1000),
-and a PLS budget of 2% (1%): with the defaults partial recovery's interval is close to Young's and it saves about
-as often as full recovery; here it saves about a quarter as often (docs/studies/cpr.md reads both result files).
+and a PLS budget of 2% (1%): with the defaults partial recovery saves more often than full recovery (its interval
+is shorter than Young's); here less than half as often (docs/studies/cpr.md reads both result files).
 `:tiny` is the notebook's variant (the tiny problem, seconds per run).
 """
 
