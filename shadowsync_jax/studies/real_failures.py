@@ -16,10 +16,15 @@ checkpoints for, is the kill schedule's mean in the reference's steps.
 Each run's summary.json splits its overhead as CPR does (`recovery.overhead`): checkpoint-related (blocking saves,
 restores, work trained again) and restarts (from each death to every process training again, restores left out),
 each a share of the steps' own time; the wall-clock overhead against the reference is beside them.
+
+A run that ended leaves its summary, history and metrics; its saved state (checkpoints, live states, priority
+rows: `SAVED_STATE`) is deleted, since at Kaggle size a run leaves 9-16 GB of it and three seeds of three modes
+filled this machine's disk (every later run then crashed). A job that failed keeps everything, to be read.
 """
 
 import dataclasses
 import pathlib
+import shutil
 import statistics
 import sys
 from typing import Any
@@ -61,11 +66,17 @@ SIZES = {
 }
 
 
+SAVED_STATE = ('checkpoints', 'live', 'priority_rows')  # What a run that ended no longer needs.
+
+
 def run_job(workdir: pathlib.Path, launch_flags: list[str], train_flags: list[str]) -> dict[str, Any]:
-  """One `experiments.launch` job; returns its summary.json with the launcher's wall time."""
+  """One `experiments.launch` job; returns its summary.json with the launcher's wall time, and deletes its saved
+  state (`SAVED_STATE`)."""
   job = jobs.launch(workdir, launch_flags, train_flags)
   if job.error:
     raise RuntimeError(f'the job in {workdir} refused its config: {job.error}')
+  for name in SAVED_STATE:
+    shutil.rmtree(workdir / name, ignore_errors=True)
   return {**job.summary, 'job_wall_s': job.wall_s, 'job_peak_rss_bytes': job.peak_rss_bytes}
 
 
