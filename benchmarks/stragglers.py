@@ -1,7 +1,7 @@
 r"""Stragglers across processes: does one slow process hold the others back? (`shadowsync_jax.studies.stragglers`)
 
   python -m benchmarks.stragglers [--slowdown=2] [--algorithms=none,shadow_ma,shadow_ea,shadow_bmuf,sync_sgd] \
-      [--num_train_examples=N] [--min_interval_s=S] [--pin_cpus] [--out=benchmarks/results/stragglers.md]
+      [--repeats=3] [--num_train_examples=N] [--min_interval_s=S] [--pin_cpus] [--out=benchmarks/results/stragglers.md]
 
 Prints the table and writes it with the raw summaries to `--out`.
 """
@@ -25,6 +25,7 @@ flags.DEFINE_list(
 flags.DEFINE_string(
   'min_interval_s', None, "shadow_*: least seconds between rounds, or 'auto' (default: the config's)."
 )
+flags.DEFINE_integer('repeats', stragglers.REPEATS, 'Runs of each pair (without and with the straggler).')
 flags.DEFINE_bool('pin_cpus', False, 'Each process on its own share of the cores, like separate hosts.')
 flags.DEFINE_string('out', 'benchmarks/results/stragglers.md', 'Where the table and raw summaries go.')
 FLAGS = flags.FLAGS
@@ -37,13 +38,14 @@ def main(argv):
       pathlib.Path(root),
       tuple(FLAGS.algorithms),
       FLAGS.slowdown,
+      FLAGS.repeats,
       num_train_examples=FLAGS.num_train_examples,
       min_interval_s=FLAGS.min_interval_s,
       pin_cpus=FLAGS.pin_cpus,
     )
   text = stragglers.table(results)
   print(text)
-  raw = {f'{a} x{s:g}': r for (a, s), r in results.items()}
+  raw = {stragglers.raw_key(key): r for key, r in results.items()}
   out = study_report.write(
     FLAGS.out,
     'Stragglers across 2 processes',

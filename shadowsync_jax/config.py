@@ -53,6 +53,7 @@ PARTIAL_RECOVERY_MODES = recovery_modes.PARTIAL_MODES
 FAILURE_TARGETS = recovery_modes.FAILURE_TARGETS
 
 
+MAX_TOTAL_ROWS = 2**31 - 1  # The tables are one concatenated table whose row ids are int32.
 # Criteo Kaggle's 26 cardinalities (1460, 583, 10131227, ...) capped at 300: the shape of real data, laptop-sized.
 CRITEO_SHAPED_CARDINALITIES = (
   300,
@@ -163,6 +164,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.straggler = ml_collections.ConfigDict()
   config.straggler.process = -1  # The process made slower (-1 = none): a straggler, to study sync under one.
   config.straggler.slowdown = 1.0  # How many times as long its own steps take (it sleeps after each; calibrated).
+  config.straggler.warmup_steps = 100  # Its first steps after the compiling one, slower than steady ones: not timed.
+  config.straggler.calibration_steps = 100  # Then timed, not slowed: their mean is its own step time.
 
   # Emulated failures and how the run recovers from them (DESIGN §7, CPR: Maeng et al., MLSys 2021).
   config.recovery = ml_collections.ConfigDict()
@@ -400,6 +403,11 @@ def _check_data(config: ml_collections.ConfigDict) -> None:
   cardinalities = list(data.cardinalities)
   if len(cardinalities) != NUM_SPARSE_FEATURES or any(int(c) < 1 for c in cardinalities):
     raise ConfigError(f'data.cardinalities must be {NUM_SPARSE_FEATURES} positive table sizes, got {cardinalities}.')
+  if sum(int(c) for c in cardinalities) > MAX_TOTAL_ROWS:
+    raise ConfigError(
+      f'data.cardinalities hold {sum(int(c) for c in cardinalities):,} rows in all, more than the '
+      f'{MAX_TOTAL_ROWS:,} that int32 row ids address in the concatenated table (Criteo Terabyte: 0.88 billion).'
+    )
   if data.zipf_exponent < 0:
     raise ConfigError(f'data.zipf_exponent={data.zipf_exponent} must be >= 0.')
   if data.drift < 0:
@@ -467,6 +475,18 @@ def _check_straggler(config: ml_collections.ConfigDict, num_processes: int) -> N
     )
   if not config.straggler.slowdown >= 1:
     raise ConfigError(f'straggler.slowdown={config.straggler.slowdown} must be >= 1 (times slower).')
+  if config.straggler.warmup_steps < 0:
+    raise ConfigError(f'straggler.warmup_steps={config.straggler.warmup_steps} must be >= 0.')
+  _check_positive(config, 'straggler.calibration_steps')
+  if config.straggler.process < 0 or config.straggler.slowdown == 1 or min(config.num_replicas, config.batch_size) < 1:
+    return  # No straggler (a bad replica count or batch size is named by its own check).
+  unslowed = 1 + config.straggler.warmup_steps + config.straggler.calibration_steps
+  total_steps = config.data.num_train_examples // (config.num_replicas * config.batch_size)
+  if unslowed >= total_steps:
+    raise ConfigError(
+      f'straggler.warmup_steps + straggler.calibration_steps = {unslowed - 1} (after a compiling step) leave none '
+      f'of the {total_steps} steps a process runs to be slowed: make them smaller or the stream longer.'
+    )
 
 
 def _check_train(config: ml_collections.ConfigDict) -> None:

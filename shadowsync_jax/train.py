@@ -210,7 +210,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   )
   writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
   progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
-  delay = straggler.Straggler(config.straggler.slowdown if config.straggler.process == process_index else 1.0)
+  delay = straggler.from_config(config, process_index)
 
   driver.start(state, sync_state)
   recovery.start(start_step, state, sync_state)

@@ -68,6 +68,7 @@ def test_default_and_tiny_configs_are_valid_and_have_the_contract_keys(variant):
     ({'data__source': 'parquet'}, 'data.source'),
     ({'data__source': 'criteo'}, 'data.train_path'),
     ({'data__cardinalities': (10,) * 25}, 'data.cardinalities'),
+    ({'data__cardinalities': (100_000_000,) * 26}, 'data.cardinalities'),  # 2.6 billion rows: past int32 ids.
     ({'model__bottom_mlp': (16, 4)}, 'model.bottom_mlp'),
     ({'model__top_mlp': (16, 2)}, 'model.top_mlp'),
     ({'batch_size': 0}, 'batch_size'),

@@ -321,7 +321,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   progress_line = progress.ProgressLine(
     total_steps, num_workers * batch_size, every_seconds=config.train.progress_every_s
   )
-  delay = straggler.Straggler(config.straggler.slowdown if config.straggler.process == process_index else 1.0)
+  delay = straggler.from_config(config, process_index)
 
   step, rounds, lost_tokens = start_step, 0, 0
   warm, busy_s, busy_steps, window = False, 0.0, 0, (time.perf_counter(), step)

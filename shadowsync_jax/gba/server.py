@@ -184,6 +184,7 @@ def server_summary(
     'replica_divergence': 0.0,
     'straggler_sleep_s': 0.0,
     'straggler_step_s': None,
+    'straggler_achieved_slowdown': None,
     'recovery_mode': 'none',
     **memory.summary(memory.state_bytes(server.state)),  # state_bytes, peak_rss_bytes: per process
     **server.stats(),

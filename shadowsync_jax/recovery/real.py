@@ -129,6 +129,9 @@ class RealFailures:
     abstract = checkpointing.abstract_like(checkpointing.training_tree(state_L, sync_state_L))
     if self._plan_mode() == 'full' or (self._plan_mode() == 'none' and self._lock_step):
       self._checkpointer.delete_after(restored_step)  # Everyone went back to a common cut: past it, a lost timeline.
+      if source == 'checkpoint':  # Every process restores it: no later plan can go back past it.
+        self._checkpointer.delete_before(restored_step)  # (Left to later saves, a run that fails more often than
+        self._saved = [restored_step]  # each process saves twice kept them all: 6 x 1.1 GB a process at Kaggle size.)
     started = time.perf_counter()
     tree = checkpointing.training_tree(state_L, sync_state_L)
     if source != 'init':
@@ -155,6 +158,7 @@ class RealFailures:
     sync_state_R = None if sync_state_L is None else replicas.to_job(sync_state_L, self._meshes)
     restore_s = time.perf_counter() - started
     self._restored = {
+      'checkpoints_kept': self._checkpointer.all_steps(),  # On disk after the plan's deletions.
       'restored': source,
       'restored_step': restored_step,
       'position': position,

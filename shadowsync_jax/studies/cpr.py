@@ -17,12 +17,12 @@ study run even on a loaded machine; wall time is shown beside them as a cross-ch
 
 import copy
 import pathlib
-import statistics
 from typing import Any
 
 import ml_collections
 
 from shadowsync_jax import train
+from shadowsync_jax.studies import spread
 
 MODES = ('none', 'full', 'partial', 'cpr_mfu', 'cpr_ssu', 'cpr')
 
@@ -97,10 +97,7 @@ def by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
       'actual_pls': [r['actual_pls'] for r in runs],
     }
     modes[mode] = {'seeds': [r.get('seed') for r in runs], 'recovered_as': [r.get('recovered_as') for r in runs]}
-    for key, values in figures.items():
-      values = [v for v in values if v is not None]
-      modes[mode][key] = statistics.fmean(values) if values else None
-      modes[mode][f'{key}_range'] = [min(values), max(values)] if values else None
+    modes[mode].update(spread.mean_and_range(figures))
   return modes
 
 
@@ -115,14 +112,6 @@ def _share(row: dict, key: str) -> str:
   return _pct(100 * details[key] / details['failure_free_s'])
 
 
-def _span(m: dict[str, Any], key: str, fmt: str) -> str:
-  """'mean (lowest to highest)' of a `by_mode` figure."""
-  if m[key] is None:
-    return ''
-  low, high = m[f'{key}_range']
-  return f'{fmt.format(m[key])} ({fmt.format(low)} to {fmt.format(high)})'
-
-
 def mode_table(rows: list[dict[str, Any]]) -> str:
   """A markdown table of each recovery mode over its seeds (`by_mode`)."""
   lines = [
@@ -134,9 +123,9 @@ def mode_table(rows: list[dict[str, Any]]) -> str:
     ran_as = [a for a in m['recovered_as'] if a]
     label = f'{mode} (as {", ".join(ran_as)})' if mode == 'cpr' and ran_as else mode
     lines.append(
-      f'| {label} | {len(m["seeds"])} | {m["failures"]:.1f} | **{_span(m, "overhead_pct", "{:.2f}%")}** | '
-      f'{_span(m, "overhead_vs_full", "{:.2f}")} | {_span(m, "ne_vs_reference_pct", "{:+.3f}%")} | '
-      f'{_span(m, "actual_pls", "{:.4f}")} |'
+      f'| {label} | {len(m["seeds"])} | {m["failures"]:.1f} | **{spread.span(m, "overhead_pct", "{:.2f}%")}** | '
+      f'{spread.span(m, "overhead_vs_full", "{:.2f}")} | {spread.span(m, "ne_vs_reference_pct", "{:+.3f}%")} | '
+      f'{spread.span(m, "actual_pls", "{:.4f}")} |'
     )
   return '\n'.join(lines)
 

@@ -10,7 +10,8 @@ local processes or emulated hosts, kills, restarts) with `launch`.
 The peak resident memory comes from `/usr/bin/time -v` (GNU time), which waits for the command: for a launcher it
 is the largest of the launcher and the training processes it started (each process's own is in the summary,
 `peak_rss_bytes`). A job that refuses its config (exit status 2, one `error:` line) is a result, not a failure: its
-`error` says why; any other failure raises.
+`error` says why; any other failure raises, its whole output kept in a file of the system's temporary
+directory that the error names (outside the study's own directories, which a study may delete as it fails).
 """
 
 import dataclasses
@@ -21,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -53,11 +55,19 @@ def run(args: list[str], workdir: pathlib.Path, timeout_s: float | None = None) 
     output = (result.stderr + result.stdout).splitlines()
     lines = [line for line in output if exit_codes.ERROR_PREFIX in line]
     return Job(None, wall_s, peak_bytes, lines[0].split(exit_codes.ERROR_PREFIX, 1)[1] if lines else 'usage error')
-  if result.returncode != 0:
+  if result.returncode != 0:  # Its whole output kept: a job that restarted 30 times printed its first error early.
+    log = _failed_output_file()
+    log.write_text(f'$ python {" ".join(args)}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}')
     sys.stdout.write(result.stdout[-3000:] + result.stderr[-3000:])
-    raise RuntimeError(f'python {" ".join(args)} failed with exit status {result.returncode}.')
+    raise RuntimeError(f'python {" ".join(args)} failed with exit status {result.returncode}; its output: {log}')
   summary = json.loads((workdir / 'summary.json').read_text())
   return Job(summary, wall_s, peak_bytes, None)
+
+
+def _failed_output_file() -> pathlib.Path:
+  handle, path = tempfile.mkstemp(prefix='shadowsync_failed_job_', suffix='.txt')
+  os.close(handle)
+  return pathlib.Path(path)
 
 
 def launch(

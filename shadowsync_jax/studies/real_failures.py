@@ -25,11 +25,11 @@ filled this machine's disk (every later run then crashed). A job that failed kee
 import dataclasses
 import pathlib
 import shutil
-import statistics
 import sys
 from typing import Any
 
 from shadowsync_jax.studies import jobs
+from shadowsync_jax.studies import spread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,11 +159,7 @@ def by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
       'failures': [r['num_failures'] for r in runs],
       'seconds_per_restart': [s for r in runs for s in _restart_s(r)],
     }
-    modes[mode] = {'kill_seeds': [r['kill_seed'] for r in runs]}
-    for key, values in figures.items():
-      values = [v for v in values if v is not None]
-      modes[mode][key] = statistics.fmean(values) if values else None
-      modes[mode][f'{key}_range'] = [min(values), max(values)] if values else None
+    modes[mode] = {'kill_seeds': [r['kill_seed'] for r in runs], **spread.mean_and_range(figures)}
     modes[mode]['reference_eval_ne'] = reference['eval_ne']
   return modes
 
@@ -171,22 +167,19 @@ def by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> str:
   """Two markdown tables: each mode over its seeds (mean, range), then every run."""
   modes = by_mode(rows)
-  span = lambda m, key, fmt: (
-    f'{fmt.format(m[key])} ({fmt.format(m[key + "_range"][0])} to {fmt.format(m[key + "_range"][1])})'
-  )
   lines = [
     '| mode | seeds | failures | **checkpoint-related overhead** | vs full (same seed) | restart overhead | '
     's a restart | wall overhead | NE vs no failures |',
     '|---|---|---|---|---|---|---|---|---|',
   ]
   for mode, m in modes.items():
-    share = span(m, 'checkpoint_overhead_vs_full', '{:.2f}') if m['checkpoint_overhead_vs_full'] is not None else ''
-    per_restart = span(m, 'seconds_per_restart', '{:.2f}') if m['seconds_per_restart'] is not None else ''
+    share = spread.span(m, 'checkpoint_overhead_vs_full', '{:.2f}')
+    per_restart = spread.span(m, 'seconds_per_restart', '{:.2f}')
     lines.append(
       f'| {mode} | {len(m["kill_seeds"])} | {m["failures"]:.1f} | '
-      f'**{span(m, "checkpoint_overhead_pct", "{:.2f}%")}** | '
-      f'{share} | {span(m, "restart_overhead_pct", "{:.1f}%")} | {per_restart} | '
-      f'{span(m, "wall_overhead_pct", "{:.1f}%")} | {span(m, "ne_vs_reference_pct", "{:+.3f}%")} |'
+      f'**{spread.span(m, "checkpoint_overhead_pct", "{:.2f}%")}** | '
+      f'{share} | {spread.span(m, "restart_overhead_pct", "{:.1f}%")} | {per_restart} | '
+      f'{spread.span(m, "wall_overhead_pct", "{:.1f}%")} | {spread.span(m, "ne_vs_reference_pct", "{:+.3f}%")} |'
     )
   lines += [
     '',

@@ -1,14 +1,16 @@
 """Stragglers across processes: does one slow process hold the others back?
 
-  results = stragglers.run(root, ('none', 'shadow_ma', 'sync_sgd'), slowdown=2.0)
+  results = stragglers.run(root, ('none', 'shadow_ma', 'sync_sgd'), slowdown=2.0)   # repeats=3
   print(stragglers.table(results))
 
-Each algorithm runs as a job of 2 processes (`experiments.launch`), one replica per process, without and with a
-straggler (process 1 `slowdown` times slower: its own step time, calibrated before it is slowed, times `slowdown`;
-`parallel.straggler`), on the default config: checkpoints on (every `train.checkpoint_every_steps`, each process
-at its own pace), every other setting at its default unless an argument says otherwise. The table: per-process
-examples/sec, the fast process's examples/sec relative to the same algorithm without the straggler, eval NE and
-AUC, sync rounds and gap. Targets: under `none` and the shadow algorithms the fast process keeps at least 0.9 of
+Each algorithm runs as a job of 2 processes (`experiments.launch`), one replica per process, without and at once
+with a straggler (process 1 `slowdown` times slower: its own step time, calibrated before it is slowed, times
+`slowdown`; `parallel.straggler`), on the default config: checkpoints on (every `train.checkpoint_every_steps`,
+each process at its own pace), every other setting at its default unless an argument says otherwise; the pairs
+are repeated (`REPEATS`), each straggler run read against its own pair's run without. The tables: per algorithm,
+the mean and range over the repeats of the fast process's examples/sec over its own without the straggler, the
+straggler's over its own, the slowdown it achieved and the eval NE; then every run (per-process examples/sec, eval
+NE and AUC, sync rounds and gap). Targets: under `none` and the shadow algorithms the fast process keeps at least 0.9 of
 its examples/sec, while under sync_sgd the job falls to the straggler's pace, about 1/slowdown of its own. An
 algorithm written `ALGORITHM@PLACEMENT` also sets `sync.embedding_placement` (e.g. `shadow_ma@sharded`: the tables
 sharded over the two processes, so every lookup is a collective of both).
@@ -17,8 +19,12 @@ sharded over the two processes, so every lookup is a collective of both).
 import pathlib
 from typing import Any
 
+from shadowsync_jax import config as config_lib
 from shadowsync_jax.parallel import supervisor
 from shadowsync_jax.studies import jobs
+from shadowsync_jax.studies import spread
+
+REPEATS = 3  # Runs of each pair: one run a row could not tell a slow run from noise (one read 0.70 with no coupling).
 
 
 def run_job(
@@ -47,31 +53,84 @@ def run_job(
   return job.summary
 
 
+Key = tuple[str, float, int]  # (algorithm, slowdown, repeat)
+
+
 def run(
-  root: pathlib.Path, algorithms: tuple[str, ...], slowdown: float, **job_settings: Any
-) -> dict[tuple[str, float], dict[str, Any]]:
-  """Every algorithm without, then with the straggler; {(algorithm, slowdown): summary}. `job_settings`: `run_job`'s
-  num_train_examples, min_interval_s, pin_cpus."""
+  root: pathlib.Path, algorithms: tuple[str, ...], slowdown: float, repeats: int = REPEATS, **job_settings: Any
+) -> dict[Key, dict[str, Any]]:
+  """Every algorithm without, then at once with the straggler (a pair meets the same load), `repeats` times over;
+  {(algorithm, slowdown, repeat): summary}. `job_settings`: `run_job`'s num_train_examples, min_interval_s,
+  pin_cpus."""
   results = {}
-  for algorithm in algorithms:
-    for factor in (1.0, slowdown):
-      print(f'--- {algorithm}, straggler slowdown {factor:g}', flush=True)
-      results[(algorithm, factor)] = run_job(root / f'{algorithm}_{factor:g}', algorithm, factor, **job_settings)
+  for repeat in range(repeats):
+    for algorithm in algorithms:
+      for factor in (1.0, slowdown):
+        print(f'--- {algorithm}, straggler slowdown {factor:g}, repeat {repeat + 1} of {repeats}', flush=True)
+        workdir = root / f'{algorithm}_{factor:g}_{repeat}'
+        results[(algorithm, factor, repeat)] = run_job(workdir, algorithm, factor, **job_settings)
   return results
 
 
-def table(results: dict[tuple[str, float], dict[str, Any]]) -> str:
+def parse_key(key: str) -> Key:
+  """A raw summary's key, 'ALGORITHM xSLOWDOWN #REPEAT' (written before repeats: no '#', repeat 0)."""
+  head, _, repeat = key.partition(' #')
+  algorithm, factor = head.rsplit(' x', 1)
+  return algorithm, float(factor), int(repeat or 0)
+
+
+def raw_key(key: Key) -> str:
+  algorithm, factor, repeat = key
+  return f'{algorithm} x{factor:g} #{repeat}'
+
+
+def by_algorithm(results: dict[Key, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+  """Per algorithm over its repeats (each straggler run read against its own repeat's run without): the mean and
+  range of the fast process's examples/sec over its own without the straggler (`fast_kept`), of the slow one's over
+  its own (`slow_kept`), of the straggler's achieved slowdown, and the eval NE without and with it."""
+  slowdown = max(f for _, f, _ in results)
+  algorithms: dict[str, dict[str, Any]] = {}
+  for algorithm in dict.fromkeys(a for a, _, _ in results):
+    repeats = sorted({r for a, f, r in results if a == algorithm and f == slowdown and (a, 1.0, r) in results})
+    pairs = [(results[(algorithm, 1.0, r)], results[(algorithm, slowdown, r)]) for r in repeats]
+    figures = {
+      'fast_kept': [w['examples_per_sec_per_process'][0] / o['examples_per_sec_per_process'][0] for o, w in pairs],
+      'slow_kept': [w['examples_per_sec_per_process'][1] / o['examples_per_sec_per_process'][1] for o, w in pairs],
+      'achieved_slowdown': [w.get('straggler_achieved_slowdown') for _, w in pairs],
+      'eval_ne_without': [o['eval_ne'] for o, _ in pairs],
+      'eval_ne_with': [w['eval_ne'] for _, w in pairs],
+      'sync_rounds_with': [w['sync_rounds'] for _, w in pairs],
+    }
+    algorithms[algorithm] = {'repeats': len(pairs), 'slowdown': slowdown, **spread.mean_and_range(figures)}
+  return algorithms
+
+
+def table(results: dict[Key, dict[str, Any]]) -> str:
+  """Two markdown tables: each algorithm over its repeats (mean and range), then every run."""
   lines = [
-    '| algorithm | straggler | p0 (fast) ex/s | p1 ex/s | p0 vs. no straggler | eval NE | eval AUC | '
-    'sync rounds | mean sync gap |',
-    '|---|---|---|---|---|---|---|---|---|',
+    '| algorithm | repeats | **p0 (fast) vs. no straggler** | p1 (straggler) vs. no straggler | straggler achieved '
+    '| eval NE without | eval NE with | sync rounds with |',
+    '|---|---|---|---|---|---|---|---|',
   ]
-  for (algorithm, slowdown), summary in results.items():
+  for algorithm, m in by_algorithm(results).items():
+    lines.append(
+      f'| {algorithm} | {m["repeats"]} | **{spread.span(m, "fast_kept", "{:.2f}")}** | '
+      f'{spread.span(m, "slow_kept", "{:.2f}")} | {spread.span(m, "achieved_slowdown", "{:.2f}x")} | '
+      f'{spread.span(m, "eval_ne_without", "{:.4f}")} | {spread.span(m, "eval_ne_with", "{:.4f}")} | '
+      f'{spread.span(m, "sync_rounds_with", "{:.0f}")} |'
+    )
+  lines += [
+    '',
+    '| algorithm | repeat | straggler | p0 (fast) ex/s | p1 ex/s | p0 vs. no straggler | eval NE | eval AUC | '
+    'sync rounds | mean sync gap |',
+    '|---|---|---|---|---|---|---|---|---|---|',
+  ]
+  for (algorithm, slowdown, repeat), summary in results.items():
     fast, slow = summary['examples_per_sec_per_process']  # `algorithm` may say its placement: ALGORITHM@PLACEMENT.
-    baseline = results[(algorithm, 1.0)]['examples_per_sec_per_process'][0]
+    baseline = results[(algorithm, 1.0, repeat)]['examples_per_sec_per_process'][0]
     gap = summary['mean_sync_gap']
     lines.append(
-      f'| {algorithm} | {f"p1 {slowdown:g}x slower" if slowdown > 1 else "none"} | {fast:,.0f} | '
+      f'| {algorithm} | {repeat + 1} | {f"p1 {slowdown:g}x slower" if slowdown > 1 else "none"} | {fast:,.0f} | '
       f'{slow:,.0f} | {fast / baseline:.2f} | {summary["eval_ne"]:.4f} | {summary["eval_auc"]:.4f} | '
       f'{summary["sync_rounds"]} | {"-" if gap is None else f"{gap:.1f}"} |'
     )
@@ -80,10 +139,12 @@ def table(results: dict[tuple[str, float], dict[str, Any]]) -> str:
 
 def note(slowdown: float, pin_cpus: bool) -> str:
   """The settings sentence of the result file."""
+  calibration = config_lib.base_config().straggler
   return (
     f"2 processes x 1 replica (on the launcher's default {supervisor.DEFAULT_CPU_DEVICES} CPU devices), "
-    f'process 1 {slowdown:g}x slower in the second run of each algorithm (its own step time, calibrated over its '
-    'first steps, times the slowdown); '
+    f'process 1 {slowdown:g}x slower in the second run of each pair (its own step time, its mean over '
+    f'{calibration.calibration_steps} steps after {calibration.warmup_steps} of warm-up, times the slowdown); '
+    'each pair of runs repeated, the table over the repeats first; '
     f"pinned cores: {'yes' if pin_cpus else 'no'}; everything else at the default config's values "
     '(checkpoints on, each process at its own pace).'
   )

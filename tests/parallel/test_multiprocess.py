@@ -187,6 +187,8 @@ def test_a_straggler_holds_back_sync_sgd_but_not_shadow_ma_or_gba(tmp_path):
       '--config.data.num_train_examples=16384',
       '--config.straggler.process=1',  # Checkpoints on (every 200 steps): each process saves at its own pace.
       '--config.straggler.slowdown=3',
+      '--config.straggler.warmup_steps=2',  # 32 steps a process: a short warm-up and calibration leave 22 slowed.
+      '--config.straggler.calibration_steps=7',
     )
     assert code == 0, output
     summary = _summary(workdir)

@@ -93,6 +93,8 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
     cut = starts[0]['restored_step']
     assert all(s['restored'] == 'checkpoint' and s['restored_step'] == s['position'] == cut for s in starts.values())
     assert cut % EVERY == 0 and killed_at - 2 * EVERY < cut <= killed_at, starts
+    # No later plan can go back past the cut: each process keeps it alone (older ones once piled up on restarts).
+    assert all(s['checkpoints_kept'] == [cut] for s in starts.values()), starts
   assert summary['recovery']['retrained_steps'] > 0 and summary['actual_pls'] == 0.0
   # CPR's split: saves, restores and the rewound steps apart from the two restarts, each a share of the steps' time.
   costs = summary['recovery']['overhead_s']

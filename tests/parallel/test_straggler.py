@@ -1,7 +1,10 @@
 """The emulated straggler on a fake clock: it multiplies its own calibrated step time, never its waits."""
 
+import re
+
 import pytest
 
+from shadowsync_jax import config as config_lib
 from shadowsync_jax.parallel import straggler
 
 
@@ -28,13 +31,15 @@ def test_a_straggler_paces_its_steps_to_slowdown_times_its_own_calibrated_step_n
 ):
   clock = _Clock()
   monkeypatch.setattr(straggler, 'time', clock)
-  delay = straggler.Straggler(slowdown=3.0, calibration_steps=3)
+  delay = straggler.Straggler(slowdown=3.0, warmup_steps=2, calibration_steps=3)
   _run(delay, clock, step_s=5.0)  # The first step compiles: not a step time, no sleep.
   clock.now += 1.5  # A wait that is no step (the gba servers' compilation): restarted, not timed.
   delay.restart()
-  for step_s in (0.01, 0.03, 0.02):  # Calibration: timed at the job's even pace, not slowed.
+  for step_s in (0.09, 0.07):  # Warm-up: slower than the steady steps, neither timed nor slowed.
     _run(delay, clock, step_s)
-  assert delay.slept_s == 0.0 and delay.own_step_s == pytest.approx(0.02)
+  for step_s in (0.01, 0.04, 0.01):  # Calibration: timed at the job's even pace, not slowed; their mean is a pace.
+    _run(delay, clock, step_s)
+  assert delay.slept_s == 0.0 and delay.own_step_s == pytest.approx(0.02) and delay.achieved_slowdown is None
   start = clock.now
   _run(delay, clock, step_s=0.02)
   assert clock.now - start == pytest.approx(3 * 0.02) and delay.slept_s == pytest.approx(2 * 0.02)
@@ -44,12 +49,13 @@ def test_a_straggler_paces_its_steps_to_slowdown_times_its_own_calibrated_step_n
   assert clock.now - start == pytest.approx(3 * 0.02) and delay.slept_s == pytest.approx(2 * 0.02 + 0.01)
   _run(delay, clock, step_s=0.5)
   assert delay.slept_s == pytest.approx(2 * 0.02 + 0.01)
+  assert delay.slowed_steps == 3 and delay.achieved_slowdown == pytest.approx((0.06 + 0.06 + 0.5) / 3 / 0.02)
 
 
 def test_no_slowdown_never_waits_nor_sleeps(monkeypatch):
   clock = _Clock()
   monkeypatch.setattr(straggler, 'time', clock)
-  delay = straggler.Straggler(slowdown=1.0)
+  delay = straggler.Straggler(slowdown=1.0, warmup_steps=0, calibration_steps=1)
   for _ in range(3):
     _run(delay, clock, step_s=0.5)
   assert delay.slept_s == 0.0 and clock.now == 101.5
@@ -57,6 +63,32 @@ def test_no_slowdown_never_waits_nor_sleeps(monkeypatch):
 
 def test_bad_settings_are_refused():
   with pytest.raises(ValueError, match='slowdown'):
-    straggler.Straggler(slowdown=0.5)
+    straggler.Straggler(slowdown=0.5, warmup_steps=0, calibration_steps=1)
+  with pytest.raises(ValueError, match='warmup_steps'):
+    straggler.Straggler(slowdown=2.0, warmup_steps=-1, calibration_steps=1)
   with pytest.raises(ValueError, match='calibration_steps'):
-    straggler.Straggler(slowdown=2.0, calibration_steps=0)
+    straggler.Straggler(slowdown=2.0, warmup_steps=0, calibration_steps=0)
+
+
+def test_only_the_configured_process_is_slowed():
+  config = config_lib.base_config()
+  config.straggler.process, config.straggler.slowdown = 1, 2.5
+  config.straggler.warmup_steps, config.straggler.calibration_steps = 7, 9
+  slow, fast = straggler.from_config(config, 1), straggler.from_config(config, 0)
+  assert (slow.slowdown, slow._warmup_steps, slow._calibration_steps) == (2.5, 7, 9)
+  assert fast.slowdown == 1.0
+
+
+@pytest.mark.parametrize(
+  'settings, key',
+  [
+    ({'warmup_steps': -1}, 'straggler.warmup_steps'),
+    ({'calibration_steps': 0}, 'straggler.calibration_steps'),
+    ({'process': 1, 'slowdown': 2.0, 'warmup_steps': 3000, 'calibration_steps': 1000}, 'leave none'),
+  ],
+)
+def test_a_straggler_that_would_never_be_slowed_is_a_config_error(settings, key):
+  config = config_lib.base_config()  # 2,000,000 examples / (2 replicas x 256): 3,906 steps a process.
+  config.straggler.update(settings)
+  with pytest.raises(config_lib.ConfigError, match=re.escape(key)):
+    config_lib.validate(config, num_devices=8, num_processes=2)
