@@ -11,8 +11,9 @@ config. Examples/sec of the same job move by 10-30% between runs on a shared mac
 cost, so every run of another algorithm is bracketed by runs of `none` on the same link, just before and just after
 it (none, sync_sgd, none, fr_ma, none, shadow_ma, ..., none), and its throughput is read against theirs: the ratio
 of its examples/sec (mean of the hosts) to the mean of the two `none` runs around it. The table, per row:
-examples/sec of each host (mean over the row's runs), that paired ratio (mean over the row's runs, every run's in
-the raw summaries), eval NE and its gap to `sync_sgd`'s at that profile, sync rounds, mean sync gap, the pace the
+examples/sec of each host (mean over the row's runs), that paired ratio and the eval NE (mean and range over the
+row's runs, all of one seed: they differ by timing alone; every run's in the raw summaries), the NE's gap to
+`sync_sgd`'s at that profile, sync rounds, mean sync gap, the pace the
 hosts agreed on at the last round, and the bytes each host sent per step (from its interface counters); the plot:
 examples/sec against bandwidth, one line per algorithm.
 
@@ -30,6 +31,7 @@ from typing import Any
 from shadowsync_jax.parallel import supervisor
 from shadowsync_jax.studies import bracketed
 from shadowsync_jax.studies import jobs
+from shadowsync_jax.studies import spread
 
 ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'shadow_ma', 'shadow_ea', 'shadow_bmuf')
 # Bits per second of each profile, for the plot's axis.
@@ -88,16 +90,16 @@ def run(
 
 
 def row(summaries: list[dict], speeds: list[float], ratios: list[float | None]) -> dict:
-  """One row from its runs (their summaries, examples/sec and paired ratios): the first run's summary (NE, rounds,
-  pace, bytes), each host's examples/sec as the mean over the runs, the paired ratio as the mean of the runs', and
-  what every run read."""
-  known = [r for r in ratios if r is not None]
+  """One row from its runs (their summaries, examples/sec and paired ratios): the first run's summary (rounds, pace,
+  bytes), each host's examples/sec as the mean over the runs, the paired ratio and the eval NE as the mean and range
+  of the runs' (one seed: the runs differ by their timing alone), and what every run read."""
+  figures = spread.mean_and_range({'vs_none_paired': ratios, 'eval_ne_mean': [s['eval_ne'] for s in summaries]})
   return {
     **summaries[0],
     'examples_per_sec_per_process': [
       statistics.fmean(host) for host in zip(*(s['examples_per_sec_per_process'] for s in summaries))
     ],
-    'vs_none_paired': statistics.fmean(known) if known else None,
+    **figures,  # vs_none_paired, eval_ne_mean and their ranges over the row's runs.
     'vs_none_per_run': ratios,
     'examples_per_sec_per_run': speeds,
     'eval_ne_per_run': [s['eval_ne'] for s in summaries],
@@ -115,12 +117,16 @@ def table(results: dict[tuple[str, str], dict]) -> str:
   for (profile, algorithm), summary in results.items():
     speeds = summary['examples_per_sec_per_process']
     reference = results.get((profile, 'sync_sgd'))
-    ratio = '-' if summary['vs_none_paired'] is None else f'{summary["vs_none_paired"]:.2f}'
-    ne_gap = f'{100 * (summary["eval_ne"] / reference["eval_ne"] - 1):+.2f}%' if reference else '-'
+    several = len(summary.get('vs_none_per_run') or ()) > 1  # One run (sync_sgd), or the reference: no range.
+    ratio = spread.span(summary, 'vs_none_paired', '{:.2f}') if several and algorithm != 'none' else '1.00'
+    ratio = '-' if summary['vs_none_paired'] is None else ratio if several else f'{summary["vs_none_paired"]:.2f}'
+    ne = spread.span(summary, 'eval_ne_mean', '{:.4f}') if several else f'{summary["eval_ne"]:.4f}'
+    ne_gap = f'{100 * (summary.get("eval_ne_mean", summary["eval_ne"]) / reference["eval_ne"] - 1):+.2f}%'
+    ne_gap = ne_gap if reference else '-'
     gap, pace = summary['mean_sync_gap'], summary.get('sync_job_interval_s')
     sent = statistics.fmean(summary['net_bytes_sent']) / summary['train_steps'] / 1e3
     lines.append(
-      f'| {profile} | {algorithm} | {speeds[0]:,.0f} | {speeds[1]:,.0f} | {ratio} | {summary["eval_ne"]:.4f} | '
+      f'| {profile} | {algorithm} | {speeds[0]:,.0f} | {speeds[1]:,.0f} | {ratio} | {ne} | '
       f'{ne_gap} | {summary["sync_rounds"]} | {"-" if gap is None else f"{gap:.1f}"} | '
       f'{"-" if pace is None else f"{pace:.2f}"} | {sent:,.1f} |'
     )
@@ -164,7 +170,8 @@ def note(order: list[str], num_train_examples: int | None, max_overhead: float |
     + 'everything else at the default config (shadow pace auto, fr_ma every 10 steps, checkpoints on). '
     + f'Per link the runs went {", ".join(order)}: every run of another algorithm between two runs of none. '
     + 'Host ex/s: the mean over the row\'s runs; "vs none": a run\'s examples/sec (mean of the hosts) over the mean '
-    "of the two none runs around it, averaged over the row's runs (the raw summaries list every run's); NE, rounds, "
-    'gap, pace and bytes: the row\'s first run. "sent per step": the bytes a host\'s interface sent, per training '
-    'step, mean of the hosts.'
+    "of the two none runs around it, mean (lowest to highest) over the row's runs (the raw summaries list every "
+    "run's); eval NE: the same over the row's runs, all of seed 0 (they differ by timing alone), its gap to sync_sgd "
+    'from the mean; rounds, gap, pace and bytes: the row\'s first run. "sent per step": the bytes a host\'s interface '
+    'sent, per training step, mean of the hosts.'
   )
