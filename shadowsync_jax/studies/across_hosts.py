@@ -118,8 +118,12 @@ def table(results: dict[tuple[str, str], dict]) -> str:
     speeds = summary['examples_per_sec_per_process']
     reference = results.get((profile, 'sync_sgd'))
     several = len(summary.get('vs_none_per_run') or ()) > 1  # One run (sync_sgd), or the reference: no range.
-    ratio = spread.span(summary, 'vs_none_paired', '{:.2f}') if several and algorithm != 'none' else '1.00'
-    ratio = '-' if summary['vs_none_paired'] is None else ratio if several else f'{summary["vs_none_paired"]:.2f}'
+    if summary['vs_none_paired'] is None:
+      ratio = '-'
+    elif not several or algorithm == 'none':
+      ratio = f'{summary["vs_none_paired"]:.2f}'
+    else:
+      ratio = spread.span(summary, 'vs_none_paired', '{:.2f}')
     ne = spread.span(summary, 'eval_ne_mean', '{:.4f}') if several else f'{summary["eval_ne"]:.4f}'
     ne_gap = f'{100 * (summary.get("eval_ne_mean", summary["eval_ne"]) / reference["eval_ne"] - 1):+.2f}%'
     ne_gap = ne_gap if reference else '-'
