@@ -12,11 +12,10 @@ floor, examples/sec and its ratio to `none`, sync rounds and gaps, wall time) an
 the Bayes NE floor), examples_per_sec.png and sync_gap.png. `tensorboard --logdir=OUTPUT_DIR` compares all cells'
 curves. Rerunning with the same OUTPUT_DIR reads finished cells back and trains only the rest.
 
-Expected on 2 CPU cores (docs/studies/sweep.md): the default grid (25 cells) took about 5 minutes; eval NE 0.836 at
-one replica; at 8 replicas 0.898 for `none`, 0.840-0.853 for the synchronized algorithms, against a floor of 0.812.
-R replicas are R virtual CPU devices sharing the cores, so examples/sec does not grow with R here (DESIGN §6); read
-the throughput figure's ratio to `none` instead. The finished CSV's lines above its header say the command, the
-commit and the machine.
+On 2 CPU cores the default grid (25 cells) takes a few minutes; docs/studies/sweep.md reads the latest result
+(benchmarks/results/sweep/). R replicas are R virtual CPU devices sharing the cores, so examples/sec does not grow
+with R here (DESIGN §6); read the throughput figure's ratio to `none` instead. The finished CSV's lines above its
+header say the command, the commit and the machine.
 """
 
 import os
