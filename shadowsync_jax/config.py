@@ -204,8 +204,15 @@ def base_config() -> ml_collections.ConfigDict:
 
   config.train = ml_collections.ConfigDict()
   config.train.log_every_steps = 100  # Steps between scalar writes (loss, examples/sec) to the metric stream.
+  config.train.log_every_s = 0.0  # Seconds between them as well (at the first block boundary after); 0 = steps only.
+  # Training steps in one dispatch (a jitted block of K steps over K batches already on the device; blocks end
+  # where an event is due), or 'auto': the smallest K whose dispatch is long against the host's own work for it,
+  # measured over the first blocks (block_plan.py). Typed `object`: a number or 'auto'.
+  config.train.steps_per_dispatch = ml_collections.FieldReference('auto', field_type=object)
   config.train.progress_every_s = 5.0  # Seconds between progress lines on stdout.
   config.train.checkpoint_every_steps = 500  # Steps between async orbax saves; 0 = only at the end.
+  # Seconds between them as well (at the first block boundary after; without recovery.mode); 0 = steps only.
+  config.train.checkpoint_every_s = 0.0
   config.train.stop_at_step = 0  # Save and end this process when the stream reaches this step (0 = run to the
   #                                end); rerunning with the same workdir resumes there. For time-sliced jobs, tests.
   config.train.eval_batch_size = 8192  # Examples per forward pass in evaluation.
@@ -278,7 +285,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None, num_pro
   _check_optimizer(config)
   _check_sync(config)
   _check_straggler(config, num_processes)
-  _check_train(config)
+  _check_train(config, num_processes)
   _check_recovery(config, num_processes)
   _check_gba(config, num_processes)
   if config.num_replicas < 1:
@@ -489,8 +496,24 @@ def _check_straggler(config: ml_collections.ConfigDict, num_processes: int) -> N
     )
 
 
-def _check_train(config: ml_collections.ConfigDict) -> None:
+def _check_train(config: ml_collections.ConfigDict, num_processes: int) -> None:
   _check_positive(config, 'train.log_every_steps', 'train.progress_every_s', 'train.eval_batch_size')
+  for key in ('train.log_every_s', 'train.checkpoint_every_s'):
+    if not _get(config, key) >= 0:
+      raise ConfigError(f'{key}={_get(config, key)} must be >= 0 (0 = by steps only).')
+  sync = config.sync
+  lock_step = sync.algorithm == 'sync_sgd' or sync.algorithm.startswith('fr_') or sync.embedding_placement == 'sharded'
+  if config.train.checkpoint_every_s and num_processes > 1 and lock_step:
+    raise ConfigError(
+      f'train.checkpoint_every_s={config.train.checkpoint_every_s}: the processes of this job step together '
+      f'(sync.algorithm={sync.algorithm!r}, sync.embedding_placement={sync.embedding_placement!r}), and a restart '
+      'restores a checkpoint every one of them has: seconds put theirs on different steps; use '
+      'train.checkpoint_every_steps.'
+    )
+  per_dispatch = config.train.steps_per_dispatch
+  is_count = isinstance(per_dispatch, int) and not isinstance(per_dispatch, bool)
+  if per_dispatch != 'auto' and not (is_count and per_dispatch >= 1):
+    raise ConfigError(f"train.steps_per_dispatch={per_dispatch!r} must be 'auto' or an integer >= 1.")
   for key in ('train.checkpoint_every_steps', 'train.stop_at_step'):
     if _get(config, key) < 0:
       raise ConfigError(f'{key}={_get(config, key)} must be >= 0.')

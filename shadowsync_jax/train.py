@@ -10,8 +10,14 @@
 `workdir/checkpoints` if there are any, streams scalars to `workdir` (TensorBoard events and `metrics.jsonl`),
 prints a progress line, and writes `workdir/summary.json` (DESIGN §9) when the stream is done. The recovery policy
 owns the checkpoints (`recovery.policies`): in one process with `recovery.mode` set, failures are emulated and
-recovered from at step boundaries; otherwise failures are real, and a job started again restores what its
+recovered from at block boundaries; otherwise failures are real, and a job started again restores what its
 restart plan says (DESIGN §7).
+
+The loop dispatches blocks of steps (DESIGN §13): `block_plan` sizes each (K steps, or fewer where a hook is due:
+a log step, a checkpoint, a round, a failure), `input_pipeline.BlockReader` reads the next block while this one
+trains, `make_train_block` runs a block in one dispatch, and the hooks act at its boundary (`next_due`,
+`at_boundary`). Nothing is read back from the device inside a block: the losses wait on the device for the next
+metric write.
 
 In a job of several processes (`distributed.initialize` first; `experiments.launch` starts them) every process
 calls it with the same config and workdir: each trains its own replicas on its own part of the stream and
@@ -29,9 +35,12 @@ import jax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 import ml_collections
+import numpy as np
 import psutil
 
+from shadowsync_jax import block_plan
 from shadowsync_jax import config as config_lib
+from shadowsync_jax.data import batch as batch_lib
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.gba import emulated as gba_emulated
 from shadowsync_jax.gba import processes as gba_processes
@@ -102,6 +111,20 @@ def make_train_step(config: ml_collections.ConfigDict, meshes: replicas.ReplicaM
   SGD averages gradients across the job, and sharded tables are looked up and updated across it (`meshes.job`).
   Shared embedding placement applies all the process's replicas' sparse gradients to every copy of the table.
   """
+  return _on_meshes(replicas.make_replicated_step, config, meshes)
+
+
+def make_train_block(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes):
+  """`train_block(state_L, block_L, steps_L) -> (state_L, metrics_LxK)`: the first `steps` of a block's K batches
+  ([L, K, B, ...], `input_pipeline.read_block`), trained one after the other in one dispatch
+  (`replicas.make_replicated_block`); `steps_L` is [L] int32 of one value, `replicas.shard`ed like the block. The
+  step is `make_train_step`'s, collectives and all."""
+  return _on_meshes(replicas.make_replicated_block, config, meshes)
+
+
+def _on_meshes(replicated, config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes):
+  """The one-replica train step of `config`, made replicated by `replicated(step_fn, mesh)` on the mesh its
+  collectives need, taking and returning this process's replicas."""
   mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
   sync_sgd = config.sync.algorithm == 'sync_sgd'
   placement = table_placement.make(
@@ -120,14 +143,13 @@ def make_train_step(config: ml_collections.ConfigDict, meshes: replicas.ReplicaM
     grad_axis_name=replicas.REPLICA_AXIS if sync_sgd else None,
     placement=placement,
   )
-  job_wide = sync_sgd or config.sync.embedding_placement == 'sharded'
-  step_mesh = meshes.job if job_wide else meshes.local
-  replicated_step = replicas.make_replicated_step(step_fn, step_mesh)
+  step_mesh = meshes.job if _steps_are_collective(config) else meshes.local
+  replicated_step = replicated(step_fn, step_mesh)
   if step_mesh is meshes.local:
     return replicated_step
 
-  def across_processes(state_L, batch_L):
-    state_R, metrics_R = replicated_step(replicas.to_job(state_L, meshes), replicas.to_job(batch_L, meshes))
+  def across_processes(state_L, *args_L):
+    state_R, metrics_R = replicated_step(replicas.to_job(state_L, meshes), *replicas.to_job(args_L, meshes))
     return replicas.to_local(state_R, meshes), replicas.to_local(metrics_R, meshes)
 
   return across_processes
@@ -156,18 +178,90 @@ def check_memory(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMesh
   )
 
 
-class _LossWindow:
-  """Mean train loss and examples/sec between two metric writes, from losses already read back to the host."""
+class _MetricLog:
+  """The metric stream's writes (train loss, examples/sec, replica divergence, the driver's statistics) every
+  `train.log_every_steps` steps (a block ends there) or `train.log_every_s` seconds (at the first boundary after).
+  The blocks' losses stay on the device, and a write reads them one block late, at the next boundary, when the next
+  block is already dispatched (DESIGN §13: nothing read back inside a block, no bubble in the device's queue)."""
 
-  def __init__(self):
-    self.reset(time.perf_counter())
+  def __init__(self, writer: metric_writer.MetricWriter, config: ml_collections.ConfigDict, examples_per_step: int):
+    self._writer, self._config, self._examples_per_step = writer, config, examples_per_step
+    self._every_steps, self._every_s = config.train.log_every_steps, config.train.log_every_s
+    self._losses: list[tuple[jax.Array, int]] = []  # Each block's [L, K] losses and how many of its steps ran.
+    self._pending: tuple[int, list[tuple[jax.Array, int]], float, jax.Array, dict[str, Any]] | None = None
+    self._blocks = 0
+    self._start = time.perf_counter()
 
-  def reset(self, now: float) -> None:
-    self.loss_sum, self.steps, self.start = 0.0, 0, now
+  def logs_between(self, first_step: int, stop_step: int) -> bool:
+    """Whether a write may come in steps (first_step, stop_step]."""
+    return bool(self._every_s) or stop_step // self._every_steps > first_step // self._every_steps
 
-  def add(self, loss: float) -> None:
-    self.loss_sum += loss
-    self.steps += 1
+  def next_due(self, step: int) -> int:
+    return (step // self._every_steps + 1) * self._every_steps
+
+  def at_boundary(self, step: int, state: step_lib.TrainState, steps: int, metrics: dict, driver: Any) -> None:
+    self.flush()  # The write due at the last boundary: that block is done, or nearly.
+    self._blocks += 1
+    now = time.perf_counter()
+    if self._blocks == 1:  # The first block compiled: the window starts after it.
+      self._start = now
+      return
+    self._losses.append((metrics['loss'], steps))
+    if step % self._every_steps and not (self._every_s and now - self._start >= self._every_s):
+      return
+    # This process's replicas only: a job-wide figure would need a collective beside the shadow thread's.
+    divergence = replicas.replica_divergence(_replicated_part(state.params, self._config))  # Dispatched, not read.
+    stats = {k: v for k, v in driver.stats().items() if v is not None}
+    self._pending = (step, self._losses, now - self._start, divergence, stats)
+    self._losses, self._start = [], now
+
+  def flush(self) -> None:
+    """Writes the pending write, reading its values from the device."""
+    if self._pending is None:
+      return
+    step, losses, seconds, divergence, stats = self._pending
+    self._pending = None
+    steps = sum(n for _, n in losses)
+    loss_sum = sum(float(np.asarray(losses_LxK)[:, :n].mean(axis=0).sum()) for losses_LxK, n in losses)
+    self._writer.write_scalars(
+      step,
+      {
+        'train_loss': loss_sum / steps,
+        'examples_per_sec': steps * self._examples_per_step / seconds,
+        'replica_divergence': float(divergence),
+        **stats,
+      },
+    )
+
+
+def _steps_are_collective(config: ml_collections.ConfigDict) -> bool:
+  """Whether every step is a collective of the job: sync SGD's gradient mean, sharded tables' lookups."""
+  return config.sync.algorithm == 'sync_sgd' or config.sync.embedding_placement == 'sharded'
+
+
+def use_steps_per_dispatch(
+  config: ml_collections.ConfigDict,
+  plan: block_plan.BlockPlan,
+  reader: input_pipeline.BlockReader,
+  train_block,
+  state_L,
+  meshes,
+) -> tuple[Any, float]:
+  """Once 'auto' chose K: blocks of that many steps from now on, their program compiled now by a block of no step;
+  returns the state and the seconds that took (not training time). Where the steps are collectives of the job
+  (`_steps_are_collective`), K is the job's, the largest any process chose: every process dispatches the same
+  blocks. (Elsewhere each process keeps its own: an exchange here would wait for a peer whose shadow round waits
+  for this process's next boundary.)"""
+  started = time.perf_counter()
+  if jax.process_count() > 1 and _steps_are_collective(config):
+    plan.agree(distributed.exchange('steps_per_dispatch', plan.steps_per_dispatch))
+  if plan.steps_per_dispatch > reader.block_steps:  # A shorter K runs in the probe's program, part of it unused.
+    reader.resize(plan.steps_per_dispatch)
+    num_local = meshes.local.shape[replicas.REPLICA_AXIS]
+    nothing = (batch_lib.zeros(num_local, reader.block_steps, config.batch_size), np.zeros(num_local, np.int32))
+    state_L, metrics = train_block(state_L, *replicas.shard(nothing, meshes.local))
+    jax.block_until_ready((state_L, metrics))
+  return state_L, time.perf_counter() - started
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
@@ -198,71 +292,72 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   sync_state = driver.initial_sync_state(state)
   recovery = recovery_policies.make(config, meshes, workdir, total_steps)  # It owns the checkpoints.
   state, sync_state, start_step = recovery.resume(state, sync_state)
-  train_step = make_train_step(config, meshes)
+  train_block = make_train_block(config, meshes)
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
-  batches_from = lambda first_step: input_pipeline.train_batches(
+  plan = block_plan.BlockPlan(config.train.steps_per_dispatch, stop_step)
+  reader = input_pipeline.BlockReader(
     train_source,
     num_replicas,
     batch_size,
-    config.data.num_train_examples,
-    start_step=first_step,
+    plan.block_steps,
     replicas=range(process_index * num_local, (process_index + 1) * num_local),
   )
   writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
+  log = _MetricLog(writer, config, examples_per_step)
   progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
   delay = straggler.from_config(config, process_index)
 
   driver.start(state, sync_state)
   recovery.start(start_step, state, sync_state)
-  log_every = config.train.log_every_steps
-  if stop_step // log_every > start_step // log_every:  # Some step logs the divergence: compiled before the steps.
+  if log.logs_between(start_step, stop_step):  # Compiled before the steps, not among the timed ones.
     replicas.replica_divergence.lower(_replicated_part(state.params, config)).compile()
-  step, window, batches = start_step, _LossWindow(), batches_from(start_step)
-  timed_start, timed_steps, pending_loss, startup_s = None, 0, None, None
+  step, timed_start, timed_steps, paused_s, startup_s, in_flight = start_step, None, 0, 0.0, None, None
   try:
     while step < stop_step:
-      batch = next(batches)
-      state, metrics = train_step(state, replicas.shard(batch, meshes.local))
-      delay.after_step(metrics)
-      step += 1
-      state = driver.after_step(step, state)
-      if pending_loss is not None:  # Step N-1's loss: reading it keeps the dispatch queue one step deep.
-        window.add(replicas.host_mean(pending_loss))
-      pending_loss = metrics['loss']
-      loop_work_start = time.perf_counter()
-      if timed_start is None:  # The first step compiles: examples/sec counts from its end.
-        jax.block_until_ready(pending_loss)
+      hooks_due = [driver.next_due(step), recovery.next_due(step), log.next_due(step), delay.next_due(step, start_step)]
+      steps = plan.next_block(step, hooks_due)
+      probing, started = plan.probing, time.perf_counter()
+      block = reader.take(step, steps)
+      state, metrics = train_block(state, *replicas.shard((block, np.full(num_local, steps, np.int32)), meshes.local))
+      if step + steps < stop_step:  # The next block is read while this one trains.
+        reader.prefetch(step + steps, min(reader.block_steps, stop_step - step - steps))
+      # One block in flight, no more (DESIGN §3): the last one is done before this one's boundary, so a boundary's
+      # times are the device's pace and a snapshot or a save waits for one block at most.
+      jax.block_until_ready(in_flight)
+      in_flight = metrics
+      step += steps
+      if timed_start is None:  # The first block (one step) compiles: examples/sec counts from its end.
+        jax.block_until_ready(metrics)
         timed_start = time.perf_counter()
-        window.reset(timed_start)
         startup_s = time.time() - psutil.Process().create_time()  # From the process's start: imports, init, compile.
       else:
-        timed_steps += 1
+        timed_steps += steps
+      if probing:  # 'auto' times its first blocks; then every process dispatches blocks of the same K.
+        jax.block_until_ready(metrics)
+        plan.observe(steps, time.perf_counter() - started)
+        if plan.steps_per_dispatch is not None:
+          state, compile_s = use_steps_per_dispatch(config, plan, reader, train_block, state, meshes)
+          paused_s += compile_s
+      delay.after_block(metrics, steps)
+      state = driver.at_boundary(step, state, steps)
+      loop_work_start = time.perf_counter()
+      log.at_boundary(step, state, steps, metrics, driver)
       progress_line.update(step)
-      if step % config.train.log_every_steps == 0 and window.steps:
-        now = time.perf_counter()
-        writer.write_scalars(
-          step,
-          {
-            'train_loss': window.loss_sum / window.steps,
-            'examples_per_sec': window.steps * examples_per_step / (now - window.start),
-            # This process's replicas only: a job-wide figure would need a collective beside the shadow thread's.
-            'replica_divergence': float(replicas.replica_divergence(_replicated_part(state.params, config))),
-            **{k: v for k, v in driver.stats().items() if v is not None},
-          },
-        )
-        window.reset(now)
       # Checkpoints due here; failures (emulated), a lost peer (real: saves what survives and exits here).
-      state, driver, rewind_to = recovery.after_step(step, state, driver, batch)
-      driver.loop_work(time.perf_counter() - loop_work_start)  # A shadow pace leaves a step with a save out.
+      state, driver, rewind_to = recovery.at_boundary(step, state, steps, block, driver)
+      driver.loop_work(time.perf_counter() - loop_work_start)  # A shadow pace leaves a block with a save out.
       if rewind_to is not None:  # Full recovery: the data restarts at the restored checkpoint.
-        step, batches = rewind_to, batches_from(rewind_to)
+        step = rewind_to
+    log.flush()
     jax.block_until_ready(state)
     # This process's own pace: the time it waits below for slower processes is not part of it.
-    timed_seconds = time.perf_counter() - timed_start if timed_start is not None else 0.0
+    timed_seconds = time.perf_counter() - timed_start - paused_s if timed_start is not None else 0.0
   except BaseException as error:
     recovery.on_error(error, step, state, driver)  # A collective that lost its partner: save and exit there.
     driver.finish(state, abandon=True)
     raise
+  finally:
+    reader.close()
   distributed.report(step, 'finish')  # It may wait long below for slower processes: no peer takes it for hung.
   state = driver.finish(state)  # Shadow rounds end together on every process: cross-process calls are safe below.
   distributed.wait_for_every_process('trained')  # Without rounds, a fast process may be far ahead of a slow one.
@@ -295,6 +390,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     'examples_per_sec': sum(examples_per_sec_per_process) if timed_seconds > 0 else None,
     'examples_per_sec_per_process': examples_per_sec_per_process,
     'startup_s': startup_s,  # Process 0's, from its start to its first step done (None: no step was run).
+    **plan.stats(),  # steps_per_dispatch (K), and what 'auto' measured to choose it
     'net_bytes_sent': net_bytes_sent,  # Per process; null on 127.0.0.1 (parallel/network.py).
     'net_bytes_received': net_bytes_received,
     'train_examples': step * examples_per_step,

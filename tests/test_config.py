@@ -58,6 +58,11 @@ def test_default_and_tiny_configs_are_valid_and_have_the_contract_keys(variant):
     ({'optimizer__mlp_learning_rate': -0.1}, 'optimizer.mlp_learning_rate'),
     ({'optimizer__embedding_learning_rate': 0.0}, 'optimizer.embedding_learning_rate'),
     ({'sync__algorithm': 'gossip'}, 'sync.algorithm'),
+    ({'train__steps_per_dispatch': 0}, 'train.steps_per_dispatch'),
+    ({'train__steps_per_dispatch': 'fast'}, 'train.steps_per_dispatch'),
+    ({'train__steps_per_dispatch': 2.5}, 'train.steps_per_dispatch'),
+    ({'train__log_every_s': -1.0}, 'train.log_every_s'),
+    ({'train__checkpoint_every_s': -1.0}, 'train.checkpoint_every_s'),
     ({'sync__algorithm': 'gba', 'gba__staleness_decay': 2.0}, 'gba.staleness_decay'),
     ({'sync__what': 'some'}, 'sync.what'),
     ({'sync__embedding_placement': 'everywhere'}, 'sync.embedding_placement'),
@@ -159,3 +164,12 @@ def test_a_gzip_file_is_refused_for_reading_at_random(tmp_path):
 def test_unknown_variant_is_rejected():
   with pytest.raises(ValueError, match='huge'):
     default.get_config('huge')
+
+
+def test_checkpoints_in_seconds_are_refused_where_the_processes_step_together():
+  """A restart of a lock-step job restores a checkpoint every process has: seconds would put them on other steps."""
+  config_lib.validate(_config(num_replicas=2, train__checkpoint_every_s=30.0), num_devices=8, num_processes=2)
+  for algorithm in ('sync_sgd', 'fr_ma'):
+    with pytest.raises(config_lib.ConfigError, match='train.checkpoint_every_s'):
+      config = _config(num_replicas=2, sync__algorithm=algorithm, train__checkpoint_every_s=30.0)
+      config_lib.validate(config, num_devices=8, num_processes=2)

@@ -19,3 +19,12 @@ class Batch(NamedTuple):
   dense: np.ndarray  # float32 [..., B, NUM_DENSE_FEATURES]
   sparse: np.ndarray  # int32 [..., B, NUM_SPARSE_FEATURES]
   label: np.ndarray  # float32 [..., B]
+
+
+def zeros(*leading: int) -> Batch:
+  """A batch of zeros with leading shape `leading` (e.g. [L, K, B]): a block's padding, or a shape to compile for."""
+  return Batch(
+    dense=np.zeros((*leading, NUM_DENSE_FEATURES), np.float32),
+    sparse=np.zeros((*leading, NUM_SPARSE_FEATURES), np.int32),
+    label=np.zeros(leading, np.float32),
+  )

@@ -17,6 +17,7 @@ read through grain (`prepared.source`); lengths of 0 in the config mean all of t
 """
 
 from collections.abc import Iterator
+from concurrent import futures
 import functools
 from typing import NamedTuple, Protocol
 
@@ -24,6 +25,7 @@ import grain
 import ml_collections
 import numpy as np
 
+from shadowsync_jax.data import batch as batch_lib
 from shadowsync_jax.data import lengths
 from shadowsync_jax.data import synthetic
 from shadowsync_jax.data.batch import Batch
@@ -131,6 +133,81 @@ def train_batches(
   dataset = grain.MapDataset.range(start_step, steps, group).map(read)
   groups = iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=prefetch, prefetch_buffer_size=prefetch)))
   return _steps_of(groups)  # The groups' iterator exists already: its threads read ahead from now on.
+
+
+def read_block(
+  source: Source,
+  num_replicas: int,
+  batch_size: int,
+  first_step: int,
+  num_steps: int,
+  block_steps: int,
+  replicas: range | None = None,
+) -> Batch:
+  """Global steps [first_step, first_step + num_steps) for the replicas in `replicas` (default all R) as one block
+  [L, block_steps, B, ...]: replica first, step second (the layout `replicas.make_replicated_block` reads); the
+  steps past `num_steps` are zeros (a block cut short runs the same compiled program, which never reads them).
+
+  All R replicas: one contiguous read of the whole block (one vectorized call into the source); a process's own
+  replicas: one read a step, of its replicas' contiguous slice.
+  """
+  replicas = range(num_replicas) if replicas is None else replicas
+  if not 1 <= num_steps <= block_steps:
+    raise ValueError(f'num_steps={num_steps} must be in [1, block_steps={block_steps}].')
+  if len(replicas) == num_replicas:
+    flat = source.read(first_step * num_replicas * batch_size, num_steps * num_replicas * batch_size)
+    stepwise = Batch(*(f.reshape(num_steps, num_replicas, batch_size, *f.shape[1:]) for f in flat))
+  else:
+    each = [
+      read_global_batch(source, num_replicas, batch_size, s, replicas)
+      for s in range(first_step, first_step + num_steps)
+    ]
+    stepwise = Batch(*(np.stack(fields) for fields in zip(*each)))  # [n, L, B, ...]
+  block = batch_lib.zeros(len(replicas), block_steps, batch_size)
+  for into, field in zip(block, stepwise):
+    into[:, :num_steps] = np.swapaxes(field, 0, 1)
+  return block
+
+
+class BlockReader:
+  """Blocks of the training stream (`read_block`) read one ahead, in a thread of their own, while the current block
+  trains (DESIGN §13: double buffering).
+
+    reader = BlockReader(source, num_replicas, batch_size, block_steps=8, replicas=range(0, 4))
+    reader.prefetch(step, n)            # starts reading steps [step, step + n)
+    block = reader.take(step, n)        # [L, 8, B, ...]: the prefetched block if it holds these steps, else read now
+
+  The thread's numpy work releases the GIL for most of its time, so on a machine whose training step leaves a core
+  it overlaps with the step; errors are raised by `take`.
+  """
+
+  def __init__(
+    self, source: Source, num_replicas: int, batch_size: int, block_steps: int, replicas: range | None = None
+  ):
+    self._read = functools.partial(read_block, source, num_replicas, batch_size, replicas=replicas)
+    self.block_steps = block_steps
+    self._executor = futures.ThreadPoolExecutor(1, thread_name_prefix='block-reader')
+    self._pending: tuple[int, int, futures.Future] | None = None
+
+  def prefetch(self, first_step: int, num_steps: int) -> None:
+    self._pending = (first_step, num_steps, self._executor.submit(self._read, first_step, num_steps, self.block_steps))
+
+  def take(self, first_step: int, num_steps: int) -> Batch:
+    """Steps [first_step, first_step + num_steps) as a block; the prefetched one if it starts there and holds as
+    many steps (its steps past `num_steps` are never trained on)."""
+    pending, self._pending = self._pending, None
+    if pending is not None:
+      block = pending[2].result()
+      if pending[0] == first_step and pending[1] >= num_steps and block.label.shape[1] == self.block_steps:
+        return block
+    return self._read(first_step, num_steps, self.block_steps)
+
+  def resize(self, block_steps: int) -> None:
+    """Blocks of `block_steps` steps from now on (a prefetched block of another size is read again)."""
+    self.block_steps = block_steps
+
+  def close(self) -> None:
+    self._executor.shutdown(wait=True, cancel_futures=True)
 
 
 class _Steps(NamedTuple):

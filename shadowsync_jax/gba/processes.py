@@ -341,7 +341,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
           delay.restart()  # The wait for the servers' compilation is not a step: a straggler does not multiply it.
         results = gradient_fn(params, next(batches))
         jax.block_until_ready(results)  # A worker computes one gradient at a time: it pulls again after pushing.
-        delay.after_step(results[0])
+        delay.after_block(results[0], 1)  # One step a dispatch: a worker pulls after every push.
         exchange.push(StepGradients(token, step, fails_RxK[workers.start : workers.stop, step], *results))
         step += 1
         if warm:

@@ -32,6 +32,7 @@ import threading
 from typing import Any, NamedTuple
 
 import jax
+from jax import lax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
 from jax.sharding import Mesh
@@ -135,6 +136,41 @@ def make_replicated_step(
 
   spec = P(REPLICA_AXIS)
   sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec))
+  return jax.jit(sharded, donate_argnums=0)
+
+
+def make_replicated_block(
+  step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], mesh: Mesh
+) -> Callable[[PyTree, PyTree, jax.Array], tuple[PyTree, PyTree]]:
+  """`block(state_R, batches_RxK, steps_R) -> (state_R, metrics_RxK)`: `steps` <= K steps of `step_fn`, one after
+  the other on each device, in one dispatch (DESIGN §13); the state donated.
+
+  Batches come [R, K, B, ...] (replica first, like every replicated array here, `shard` places them) and step k
+  reads `batches[:, k]`; the metrics come back [R, K], those of steps past `steps` zero. `steps` is an int32 array
+  [R] of one value, an argument, not a constant: a block cut short by an event runs the same compiled program
+  (one program per K, not per block length). Collectives in `step_fn` (sync SGD, sharded tables) run in every
+  step, so every device of the mesh must run the same number of steps.
+  """
+
+  def per_device(state_1, batches_1xK, steps_1):
+    batches_K = squeeze(batches_1xK)
+    num_steps, block_steps = steps_1[0], jax.tree.leaves(batches_K)[0].shape[0]
+    state = squeeze(state_1)
+    batch_at = lambda k: jax.tree.map(lambda x: lax.dynamic_index_in_dim(x, k, keepdims=False), batches_K)
+    metrics_shape = jax.eval_shape(step_fn, state, batch_at(0))[1]
+    zeros = lambda m: lax.pcast(jnp.zeros((block_steps, *m.shape), m.dtype), (REPLICA_AXIS,), to='varying')
+    metrics_K = jax.tree.map(zeros, metrics_shape)  # Per device, as the steps' metrics are.
+
+    def one_step(k, carry):
+      state, metrics_K = carry
+      state, metrics = step_fn(state, batch_at(k))
+      return state, jax.tree.map(lambda all_, m: lax.dynamic_update_index_in_dim(all_, m, k, 0), metrics_K, metrics)
+
+    state, metrics_K = lax.fori_loop(0, num_steps, one_step, (state, metrics_K))
+    return unsqueeze(state), unsqueeze(metrics_K)
+
+  spec = P(REPLICA_AXIS)
+  sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(spec, spec, spec), out_specs=(spec, spec))
   return jax.jit(sharded, donate_argnums=0)
 
 

@@ -1,26 +1,26 @@
 """An emulated straggler: a process whose own steps take `slowdown` times as long as they would.
 
   delay = straggler.from_config(config, process_index)   # Straggler(slowdown, warmup_steps, calibration_steps)
-  for step in ...:
-    state, metrics = train_step(state, batch)
-    delay.after_step(metrics)      # waits for the step; once calibrated, sleeps until slowdown x its own step time
+  for block in ...:
+    state, metrics = train_block(state, block)      # n steps in one dispatch (one, for gba's workers)
+    delay.after_block(metrics, n)  # waits for them; once calibrated, sleeps until n x slowdown x its own step time
   delay.restart()                  # after a wait that is no step (another process compiling): not timed
 
-Its own step time is measured before it is slowed, while every process runs at the same pace: its mean step time
-over `calibration_steps` steps, after the first (which compiles) and `warmup_steps` more (the first steps of a job
-run slower than its steady ones: caches fill, peers finish compiling; timing them set a "2x" straggler's period
-2.4x the job's steady step under sync_sgd). Each step is timed from the end of the previous `after_step` to the
-moment its results are ready (data, dispatch, compute and the step's collectives: everything the loop does per
-step), and the mean, not the median, is what a pace is (examples/sec is steps over their summed time). From then
-on each of its steps lasts `slowdown` times that: after a step it sleeps what is left of that period (nothing when
-the step alone took longer). So the slowdown is of its own work, never a multiple of the time it waits for its
-peers: timing every step and sleeping a multiple of it multiplied the waits too (under sync_sgd a "2x" straggler
-slowed the job 3.6x); and sleeping a fixed (slowdown - 1) x its step still overshot (2.55x), because a straggler
-that wakes to a peer parked in the all-reduce steps slower than one in step with it. Under sync_sgd a 2x straggler
-then holds a job of equal processes to about 1/2 of its pace; without per-step collectives it runs at about 1/2 of
-its own (its warm-up and calibration steps, unslowed, make a short run's share a little more). Waiting for every
-step costs it its one-step dispatch overlap, in the calibration too, so the period is measured against the same
-kind of step. `achieved_slowdown` says what it did: its slowed steps' mean length over its own step time.
+Its own step time is measured before it is slowed, while every process runs at the same pace: its mean step time over
+`calibration_steps` steps, after the first (which compiles) and `warmup_steps` more (the first steps of a job run slower
+than its steady ones: caches fill, peers finish compiling; timing them set a "2x" straggler's period 2.4x the job's
+steady step under sync_sgd). A block of n steps is timed from the end of the previous `after_block` to the moment its
+results are ready, each of its steps a 1/n share (data, dispatch, compute and the steps' collectives: everything the
+loop does per step), and the mean, not the median, is what a pace is (examples/sec is steps over their summed time).
+From then on each of its steps lasts `slowdown` times that: after a step it sleeps what is left of that period (nothing
+when the step alone took longer). So the slowdown is of its own work, never a multiple of the time it waits for its
+peers: timing every step and sleeping a multiple of it multiplied the waits too (under sync_sgd a "2x" straggler slowed
+the job 3.6x); and sleeping a fixed (slowdown - 1) x its step still overshot (2.55x), because a straggler that wakes to
+a peer parked in the all-reduce steps slower than one in step with it. Under sync_sgd a 2x straggler then holds a job of
+equal processes to about 1/2 of its pace; without per-step collectives it runs at about 1/2 of its own (its warm-up and
+calibration steps, unslowed, make a short run's share a little more). Waiting for every step costs it its one-step
+dispatch overlap, in the calibration too, so the period is measured against the same kind of step. `achieved_slowdown`
+says what it did: its slowed steps' mean length over its own step time.
 """
 
 import statistics
@@ -61,25 +61,35 @@ class Straggler:
       return None
     return self.slowed_s / self.slowed_steps / self.own_step_s
 
-  def after_step(self, step_result: Any) -> None:
+  def after_block(self, block_result: Any, steps: int) -> None:
+    """After a dispatch of `steps` steps (the loop plans blocks that end where calibration does)."""
     if self.slowdown == 1:
       return
-    jax.block_until_ready(step_result)
+    jax.block_until_ready(block_result)
     if self.own_step_s is None:
       now = time.perf_counter()
       if self._last_end is not None:  # The first step compiles: it is not a step time.
-        self._steps_seen += 1
-        if self._steps_seen > self._warmup_steps:
-          self._step_times.append(now - self._last_end)
+        for _ in range(steps):
+          self._steps_seen += 1
+          if self._steps_seen > self._warmup_steps and len(self._step_times) < self._calibration_steps:
+            self._step_times.append((now - self._last_end) / steps)
       if len(self._step_times) == self._calibration_steps:
         self.own_step_s = statistics.fmean(self._step_times)
     else:
-      delay = max(0.0, self.slowdown * self.own_step_s - (time.perf_counter() - self._last_end))
+      delay = max(0.0, steps * self.slowdown * self.own_step_s - (time.perf_counter() - self._last_end))
       time.sleep(delay)
       self.slept_s += delay
-      self.slowed_steps += 1
+      self.slowed_steps += steps
       self.slowed_s += time.perf_counter() - self._last_end
     self._last_end = time.perf_counter()
+
+  def next_due(self, step: int, first_step: int) -> int | None:
+    """Where its calibration ends (the loop ends a block there), for a run whose first step is `first_step`; None
+    once calibrated or without a slowdown."""
+    if self.slowdown == 1 or self.own_step_s is not None:
+      return None
+    due = first_step + 1 + self._warmup_steps + self._calibration_steps
+    return due if due > step else None
 
   def restart(self) -> None:
     """The next step is timed from now: the wait since the last step (a compilation elsewhere, a checkpoint) is

@@ -3,19 +3,21 @@
   recovery = emulated.EmulatedFailures(config, meshes, workdir, total_steps)   # recovery.mode != 'none', 1 process
   state_L, sync_state_R, start_step = recovery.resume(state_L, sync_state_R)   # the newest checkpoint, if any
   recovery.start(start_step, state_L, sync_state_R)       # the initial checkpoint the first failures reload
-  for batch in ...:
-    state_L, _ = train_step(state_L, batch_L)
-    step += 1
-    state_L = driver.after_step(step, state_L)
-    state_L, driver, rewind_to = recovery.after_step(step, state_L, driver, batch)
+  for block in ...:                                       # n steps a dispatch, ending where `next_due` says
+    state_L, _ = train_block(state_L, block_L)
+    step += n
+    state_L = driver.at_boundary(step, state_L, n)
+    state_L, driver, rewind_to = recovery.at_boundary(step, state_L, n, block, driver)
     if rewind_to is not None:                              # full recovery: the data goes back to the checkpoint
-      step, batches = rewind_to, batches_from(rewind_to)
+      step = rewind_to
+    recovery.next_due(step)                                # the next failure, save or priority save
   recovery.finish(step, state_L, sync_state_R)            # the final save
   recovery.summary()    # recovery_overhead_pct, num_failures, estimated_pls, actual_pls, checkpoint_interval_steps
 
 Failures strike on the clock of `failures.FailureSchedule` (training steps executed, re-trained ones included):
 each takes down one replica or one embedding shard (rows of every table, `failures.embedding_shard_rows`), and
-the loop handles it at the boundary of the step it struck, before a checkpoint due there. Recovery modes
+the loop handles it at the boundary of the step it struck (a block ends there: `next_due`), before a checkpoint
+due there. Recovery modes
 (`recovery.mode`), after Maeng et al., "CPR: Understanding and Improving Failure Tolerant Training for Deep
 Learning Recommendation with Partial Recovery" (MLSys 2021, arXiv:2011.02999):
 - `full`: the whole train state and sync state reload the newest checkpoint, the data position rewinds to it and
@@ -194,22 +196,35 @@ class EmulatedFailures:
     self._warm_up(step, state_L)
     self._last_mark = time.perf_counter()
 
-  def after_step(self, step: int, state_L: Any, driver: Any, batch: Batch) -> tuple[Any, Any, int | None]:
-    """At the boundary after data step `step`: failures that struck it, then a checkpoint due here.
+  def next_due(self, step: int) -> int | None:
+    """The first step after `step` at whose boundary something is due: a failure (on the clock of steps executed),
+    the end of the calibration, a checkpoint, a priority save."""
+    next_failure = self._schedule.next_failure_after(self._executed)
+    dues = [None if next_failure is None else step + next_failure - self._executed]
+    calibrating = self.requested_mode == 'cpr' and self._choice is None or self._interval is None
+    if calibrating and self.account.steps < CALIBRATION_STEPS:
+      dues.append(step + CALIBRATION_STEPS - self.account.steps)
+    dues += [_next_multiple(step, self._interval), _next_multiple(step, self._priority_interval())]
+    return min((due for due in dues if due is not None), default=None)
+
+  def at_boundary(self, step: int, state_L: Any, steps: int, block: Batch, driver: Any) -> tuple[Any, Any, int | None]:
+    """After a block of `steps` data steps that ended at `step` (`block`: its batches [R, K, B, ...], the first
+    `steps` of them trained): failures that struck it, then a checkpoint due here.
 
     Returns (state, sync driver, None) or, after a full recovery, (restored state, restarted driver, the step of
     the checkpoint the data must restart from).
     """
-    self._time_step(step, time.perf_counter() - self._last_mark)
-    self._executed += 1
+    self._time_block(step, steps, time.perf_counter() - self._last_mark)
+    first_executed, self._executed = self._executed + 1, self._executed + steps
+    sparse = block.sparse[:, :steps]
     if self._saver is not None:
       started = time.perf_counter()
-      self._saver.count(batch.sparse)
+      self._saver.count(sparse)
       self.account.counting_s += time.perf_counter() - started
     if self._ledger is not None:  # Instrumentation (lost lookups), outside every account.
-      self._ledger.count(batch.sparse)
+      self._ledger.count(sparse.reshape(sparse.shape[0], -1, sparse.shape[-1]))
     rewind_to = None
-    struck = self._schedule.failures_at(self._executed)
+    struck = self._schedule.failures_between(first_executed, self._executed)  # At the last step: `next_due`.
     if struck and self.mode == 'full':
       state_L, driver, rewind_to = self._recover_fully(struck, step, driver)
     elif struck:
@@ -293,15 +308,17 @@ class EmulatedFailures:
       'recovery': details,
     }
 
-  def _time_step(self, step: int, seconds: float) -> None:
-    if not self._timed_first_step:  # It compiled.
+  def _time_block(self, step: int, steps: int, seconds: float) -> None:
+    """A block of `steps` steps ending at `step` took `seconds`, an equal share each: steps trained again (at or
+    below the furthest step reached) and steps trained for the first time."""
+    if not self._timed_first_step:  # It compiled (the loop's first block is one step).
       self._timed_first_step = True
-    elif step <= self._high_water:
-      self.account.retrained_s += seconds
-      self.account.retrained_steps += 1
     else:
-      self.account.step_s += seconds
-      self.account.steps += 1
+      retrained = max(0, min(step, self._high_water) - (step - steps))
+      self.account.retrained_s += seconds * retrained / steps
+      self.account.retrained_steps += retrained
+      self.account.step_s += seconds * (steps - retrained) / steps
+      self.account.steps += steps - retrained
     self._high_water = max(self._high_water, step)
 
   # Saves.
@@ -579,3 +596,7 @@ class EmulatedFailures:
       if jax.tree_util.keystr(path) in (restore.TABLE_PATH, restore.ACCUMULATOR_PATH)
     ]
     return sum(math.prod(x.shape) * x.dtype.itemsize / x.shape[1] for x in rows) * num_rows
+
+
+def _next_multiple(step: int, every: int | None) -> int | None:
+  return None if not every else (step // every + 1) * every

@@ -87,6 +87,18 @@ class FailureSchedule:
     self._draw_through(step)
     return self._failures[bisect.bisect_left(self._steps, step) : bisect.bisect_right(self._steps, step)]
 
+  def next_failure_after(self, step: int) -> int | None:
+    """The step of the first failure after `step` (None: the schedule ends before one)."""
+    horizon = step + 1
+    while True:
+      self._draw_through(horizon)
+      later = bisect.bisect_right(self._steps, step)
+      if later < len(self._steps):
+        return self._steps[later]
+      if self._time == math.inf or (self.total_steps is not None and horizon >= self.total_steps):
+        return None
+      horizon = max(2 * horizon, math.ceil(self._time) + 1)
+
   def failures_between(self, first_step: int, last_step: int) -> list[Failure]:
     """The failures striking while steps first_step..last_step (inclusive) run."""
     self._draw_through(last_step)

@@ -1,7 +1,7 @@
 """What a surviving process keeps when a peer dies: its train state as of its last step, saved before it exits.
 
   keeper = live_state.LiveKeeper(workdir / 'live' / f'process_{p}')
-  keeper.after_step(step, lambda: tree_L)   # every `every_s` at most: a device copy, to the host in the background
+  keeper.at_boundary(step, lambda: tree_L)   # every `every_s` at most: a device copy, to the host in the background
   keeper.save(step, tree_L)           # at a step boundary (the training thread): exactly this state
   keeper.save_latest()                # from any thread: the newest host copy (the devices may be stuck)
   keeper.steps()                      # the steps saved on disk; keeper.restore(step, abstract_L) -> tree_L
@@ -55,8 +55,8 @@ class LiveKeeper:
     self._every_s = max(least_s, size / bytes_per_s)
     return self._every_s
 
-  def after_step(self, step: int, tree: Callable[[], PyTree]) -> None:
-    """At a step boundary: starts a host copy of `tree()` if the newest is `every_s` old (never waits for one)."""
+  def at_boundary(self, step: int, tree: Callable[[], PyTree]) -> None:
+    """At a block boundary: starts a host copy of `tree()` if the newest is `every_s` old (never waits for one)."""
     now = time.monotonic()
     if now - self._last_copy < self._every_s or self._copies.full():
       return

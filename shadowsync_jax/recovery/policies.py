@@ -3,8 +3,9 @@
   recovery = policies.make(config, meshes, workdir, total_steps)
   state_L, sync_state_R, step = recovery.resume(state_L, sync_state_R)
   recovery.start(step, state_L, sync_state_R)
-  for ...:                                                  # the training loop (train.py)
-    state_L, driver, rewind_to = recovery.after_step(step, state_L, driver, batch)
+  for ...:                                                  # the training loop (train.py), a block at a time
+    state_L, driver, rewind_to = recovery.at_boundary(step, state_L, n, block, driver)
+    recovery.next_due(step)                                 # where the loop ends the next block
   recovery.finish(step, state_L, driver.sync_state())
   recovery.summary()
 
@@ -35,7 +36,11 @@ class RecoveryPolicy(Protocol):
 
   def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None: ...
 
-  def after_step(self, step: int, state_L: Any, driver: Any, batch: Batch) -> tuple[Any, Any, int | None]: ...
+  def next_due(self, step: int) -> int | None: ...
+
+  def at_boundary(
+    self, step: int, state_L: Any, steps: int, block: Batch, driver: Any
+  ) -> tuple[Any, Any, int | None]: ...
 
   def on_error(self, error: BaseException, step: int, state_L: Any, driver: Any) -> None: ...
 

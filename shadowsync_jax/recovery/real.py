@@ -5,7 +5,8 @@
   recovery.start(step, state_L, sync_state_R)
   for ...:
     ...
-    state_L, driver, _ = recovery.after_step(step, state_L, driver, batch)   # saves; a lost peer: save, exit
+    state_L, driver, _ = recovery.at_boundary(step, state_L, n, block, driver)   # saves; a lost peer: save, exit
+    recovery.next_due(step)                                 # a save, the calibration's end, a kill: a block ends there
   recovery.finish(step, state_L, driver.sync_state())                       # the final save
   recovery.summary()
 
@@ -32,9 +33,11 @@ Every blocking save, every completed checkpoint and every start that trains is w
 `recovery_restart_overhead_pct`). A restart that would restore a checkpoint older than one its process had
 completed (the newer one deleted or unreadable since) raises `UnrecoverableError`: one clear error (exit status 3),
 never a silent rewind.
-Checkpoint intervals: `train.checkpoint_every_steps` under `none`; Young's interval from the measured save cost
-and `recovery.mtbf_steps` (the expected MTBF) under `full`; the longest interval under `recovery.target_pls`
-(the parts being the processes) under the partial modes; `recovery.checkpoint_every_steps` where set.
+Checkpoint intervals: `train.checkpoint_every_steps` under `none`, and `train.checkpoint_every_s` seconds (at the first
+block boundary after: processes that step together refuse it, their checkpoints must fall on common steps); Young's
+interval from the measured save cost and `recovery.mtbf_steps` (the expected MTBF) under `full`; the longest interval
+under `recovery.target_pls` (the parts being the processes) under the partial modes; `recovery.checkpoint_every_steps`
+where set.
 """
 
 import pathlib
@@ -110,6 +113,7 @@ class RealFailures:
     self._unconfirmed: int | None = None  # A checkpoint being written (`_save`).
     self._step_s: float | None = None  # This start's mean step time without its saves (`finish`).
     self._restored: dict[str, Any] = {}
+    self._last_save_s = 0.0  # When `_save` last started.
 
   # The restart plan.
 
@@ -193,25 +197,44 @@ class RealFailures:
 
   # The loop.
 
-  def after_step(self, step: int, state_L: Any, driver: Any, batch: Batch) -> tuple[Any, Any, None]:
-    """At the boundary after data step `step`: a lost peer ends the process here (after saving the live state);
-    otherwise the checkpoint and priority save due, and a kill the launcher was asked for."""
+  def next_due(self, step: int) -> int | None:
+    """The first step after `step` at whose boundary something is due: a kill asked for, the calibration's end, a
+    checkpoint, a priority save (the same on every process that has the same config and history)."""
+    dues = [self._control.kill_at_step]
+    if self._needs_calibration() and self._timing is not None:
+      dues.append(self._timing[1] + CALIBRATION_STEPS)
+    if self._interval:
+      dues.append((step // self._interval + 1) * self._interval)
+    if self._saver is not None:
+      every = self._priority_interval()
+      dues.append((step // every + 1) * every)
+    return min((due for due in dues if due is not None and due > step), default=None)
+
+  def at_boundary(self, step: int, state_L: Any, steps: int, block: Batch, driver: Any) -> tuple[Any, Any, None]:
+    """After a block of `steps` data steps that ended at `step` (`block`: its batches [L, K, B, ...]): a lost peer
+    ends the process here (after saving the live state); otherwise the checkpoint and priority save due, and a kill
+    the launcher was asked for."""
     reason = distributed.peer_lost()
     if reason is not None:
       self._stop_for_a_lost_peer(step, state_L, self._local(driver.sync_state()), reason)
+    if self._control.fd is not None or self._processes > 1:
+      # The block is done before its last step is reported (the launcher kills at it, the restart plan goes on from
+      # it): the loop never waits otherwise, and a position dispatched but not trained would be taken as trained.
+      # The wait costs the device the host's work for the next dispatch, which K keeps a small share of a block.
+      jax.block_until_ready(state_L.step)
     if self._timing is None:
       self._timing = (time.perf_counter(), step)  # The first step compiled: the clock starts after it.
       self._control.ready()
       history.append(self._workdir, self._writer, {'event': 'ready', 'generation': self._generation, 'step': step})
     distributed.report(step, 'train', checkpoint=self._saved[-2] if len(self._saved) > 1 else None)
     if self._saver is not None:
-      self._saver.count(batch.sparse)
+      self._saver.count(block.sparse[:, :steps])
     if self._live is not None:
-      self._live.after_step(step, lambda: checkpointing.training_tree(state_L, self._local(driver.sync_state())))
+      self._live.at_boundary(step, lambda: checkpointing.training_tree(state_L, self._local(driver.sync_state())))
     steps_timed = step - self._timing[1]
     if self._needs_calibration() and steps_timed >= CALIBRATION_STEPS:
       self._calibrate(step, state_L, driver)
-    elif self._interval and step % self._interval == 0:
+    elif (self._interval and step % self._interval == 0) or self._save_due_by_time():
       self._save(step, state_L, self._local(driver.sync_state()))
     elif self._saver is not None and step % self._priority_interval() == 0:
       started = time.perf_counter()
@@ -377,12 +400,21 @@ class RealFailures:
 
   # Saves.
 
+  def _save_due_by_time(self) -> bool:
+    """`train.checkpoint_every_s` (no recovery configured): a save at the first boundary that long after the last
+    (or after the first step); never a block cut (any boundary will do)."""
+    every_s = self._config.train.checkpoint_every_s
+    if not every_s or self.requested_mode != 'none' or self._timing is None:
+      return False
+    return time.perf_counter() - max(self._timing[0], self._last_save_s) >= every_s
+
   def _save(self, step: int, state_L: Any, sync_state_L: PyTree) -> None:
     started = time.perf_counter()
+    self._last_save_s = started
     self._checkpointer.save(step, checkpointing.training_tree(state_L, sync_state_L))
     self._saved_for(step, 'checkpoint', time.perf_counter() - started, complete=self._newest_complete(step))
     self._saved.append(step)
-    self._unconfirmed = step  # Written down as complete once written (`after_step`).
+    self._unconfirmed = step  # Written down as complete once written (`at_boundary`).
     if self.mode == 'full' or self._lock_step:  # Drop what no consistent cut can need any more.
       oldest_needed = min([self._saved[-2] if len(self._saved) > 1 else 0] + self._peer_checkpoints())
       self._checkpointer.delete_before(oldest_needed)
@@ -454,15 +486,17 @@ class RealFailures:
   # A lost peer.
 
   def _stop_for_a_lost_peer(self, step: int, state_L: Any, sync_state_L: PyTree, reason: str) -> None:
-    """At a step boundary: saves what survives (this step's live state, under partial recovery), writes it down,
-    and exits PEER_LOST."""
+    """At a block boundary: saves what survives (this step's live state, under partial recovery), writes it down,
+    and exits PEER_LOST. Where the state of `step` cannot be read (its block failed in a collective, or was
+    donated), the newest host copy is saved, and the step written down is the last one reported done: the block
+    that failed trained nothing."""
     saved = None
     if self._live is not None and self.mode in LIVE_MODES:
       try:
         saved = self._live.save(step, checkpointing.training_tree(state_L, sync_state_L))
       except Exception as error:  # pylint: disable=broad-except  (a donated buffer: the newest host copy will do)
         print(f'Process {self._process} could not save its live state: {type(error).__name__}: {error}')
-        saved = self._live.save_latest()
+        saved, step = self._live.save_latest(), min(step, distributed.my_step())
     self._write_down_and_exit(step, reason, saved)
 
   def _stop_stuck(self, reason: str) -> None:

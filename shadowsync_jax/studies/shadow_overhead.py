@@ -38,13 +38,15 @@ import jax
 import ml_collections
 import numpy as np
 
+from shadowsync_jax import block_plan
 from shadowsync_jax import config as config_lib
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import drivers as sync_drivers
 
-_WARMUP_STEPS = 20  # Compiles the step before any window is timed (a driver compiles its round in `start`).
+_WARMUP_STEPS = 40  # Compiles the block, and 'auto' picks K, before any window is timed (a driver compiles its round in
+# `start`).
 
 
 def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) -> dict[str, Any]:
@@ -76,17 +78,8 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
     )
 
   meshes = replicas.make_meshes(num_replicas)
-  train_step = train.make_train_step(config, meshes)
   source, _ = input_pipeline.make_sources(config.data, config.seed)
-  loop = _Loop(
-    train.init_replicated_state(config, meshes),
-    train_step,
-    meshes,
-    input_pipeline.train_batches(
-      source, num_replicas, batch_size, config.data.num_train_examples, start_step=0, replicas=range(num_replicas)
-    ),
-    examples_per_step=num_replicas * batch_size,
-  )
+  loop = _Loop(config, train.init_replicated_state(config, meshes), meshes, source, available_steps)
   driver = sync_drivers.make_driver(config, meshes)
   driver.start(loop.state, driver.initial_sync_state(loop.state))
   loop.run(_WARMUP_STEPS, driver)
@@ -103,6 +96,7 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
       if with_thread:
         loop.state = driver.finish(loop.state)
         sync_state = driver.sync_state()
+  loop.close()
   ratio = np.asarray(rates[True]) / np.asarray(rates[False])
   low, high, coverage = median_interval(ratio)
   return {
@@ -226,23 +220,44 @@ def note(variant: str, base: ml_collections.ConfigDict, settings: Settings, algo
 
 
 class _Loop:
-  """The training loop of `train.train_and_evaluate`, without metrics or checkpoints: steps, one in flight."""
+  """The training loop of `train.train_and_evaluate`, without metrics or checkpoints: blocks of steps planned as
+  there (`block_plan`, the config's `train.steps_per_dispatch`, 'auto' measured in the warm-up), the next one read
+  while one trains, nothing read back, the driver at every boundary."""
 
-  def __init__(self, state, train_step, meshes, batches, examples_per_step: int):
-    self.state, self._train_step, self._meshes, self._batches = state, train_step, meshes, batches
-    self._examples_per_step = examples_per_step
-    self._step, self._pending_loss = 0, None
+  def __init__(self, config, state, meshes, source, stop_step: int):
+    self.state, self._config, self._meshes = state, config, meshes
+    self._train_block = train.make_train_block(config, meshes)
+    self._plan = block_plan.BlockPlan(config.train.steps_per_dispatch, stop_step)
+    self._reader = input_pipeline.BlockReader(source, config.num_replicas, config.batch_size, self._plan.block_steps)
+    self._examples_per_step = config.num_replicas * config.batch_size
+    self._step, self._in_flight = 0, None
 
   def run(self, steps: int, driver: sync_drivers.SyncDriver | None) -> float:
-    """`steps` steps (with `driver.after_step` after each, if given); returns their examples/sec."""
-    start = time.perf_counter()
-    for _ in range(steps):
-      self.state, metrics = self._train_step(self.state, replicas.shard(next(self._batches), self._meshes.local))
-      self._step += 1
+    """`steps` steps (with `driver.at_boundary` after each block, if given); returns their examples/sec."""
+    start, end = time.perf_counter(), self._step + steps
+    num_replicas = self._config.num_replicas
+    while self._step < end:
+      n = self._plan.next_block(self._step, [end, driver.next_due(self._step) if driver is not None else None])
+      probing, started = self._plan.probing, time.perf_counter()
+      block = self._reader.take(self._step, n)
+      steps_R = np.full(num_replicas, n, np.int32)
+      self.state, metrics = self._train_block(self.state, *replicas.shard((block, steps_R), self._meshes.local))
+      self._step += n
+      jax.block_until_ready(self._in_flight)  # One block in flight, as in training.
+      self._in_flight = metrics
+      if self._step < self._plan.stop_step:
+        self._reader.prefetch(self._step, min(self._reader.block_steps, self._plan.stop_step - self._step))
+      if probing:
+        jax.block_until_ready(metrics)
+        self._plan.observe(n, time.perf_counter() - started)
+        if self._plan.steps_per_dispatch is not None:
+          self.state, _ = train.use_steps_per_dispatch(
+            self._config, self._plan, self._reader, self._train_block, self.state, self._meshes
+          )
       if driver is not None:
-        self.state = driver.after_step(self._step, self.state)
-      if self._pending_loss is not None:  # As in training: reading step N-1's loss keeps the queue one step deep.
-        replicas.host_mean(self._pending_loss)
-      self._pending_loss = metrics['loss']
+        self.state = driver.at_boundary(self._step, self.state, n)
     jax.block_until_ready(self.state)
     return steps * self._examples_per_step / (time.perf_counter() - start)
+
+  def close(self) -> None:
+    self._reader.close()

@@ -3,9 +3,10 @@
   driver = drivers.make_driver(config, meshes)  # meshes = replicas.make_meshes(num_replicas)
   sync_state_R = driver.initial_sync_state(state_L)  # EA center, BMUF global model and momentum; None if no rounds
   driver.start(state_L, sync_state_R)          # or a sync state restored from a checkpoint
-  for step in ...:
-    state_L, _ = train_step(state_L, batch_L)
-    state_L = driver.after_step(step, state_L)  # foreground: a blocking round every k steps; shadow: merge a result
+  for block in ...:                           # blocks of steps, one dispatch each (DESIGN §13)
+    state_L, _ = train_block(state_L, block_L)
+    state_L = driver.at_boundary(step, state_L, n)  # foreground: a blocking round every k steps; shadow: merge a result
+    driver.next_due(step)                       # the next step it must act at (the loop ends a block there), or None
     ... metric writes, saves ...
     driver.loop_work(seconds)                   # what they took: shadow leaves a step with a save out of its pace
   state_L = driver.finish(state_L)             # ends the rounds (shadow: with every process) and joins the thread
@@ -48,10 +49,14 @@ class SyncDriver(Protocol):
   def sync_state(self) -> PyTree | None:
     """The current sync state, to checkpoint with the train state (None for algorithms without rounds)."""
 
-  def after_step(self, step: int, state_L: Any) -> Any: ...
+  def next_due(self, step: int) -> int | None:
+    """The first step after `step` at whose boundary it must act (a round due); None: any boundary will do."""
+
+  def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
+    """After a block of `steps` steps that ended at `step`: rounds due, merges; returns the train state."""
 
   def loop_work(self, seconds: float) -> None:
-    """The loop spent `seconds` on work of its own after the last `after_step` (metric writes, saves): a driver
+    """The loop spent `seconds` on work of its own after the last `at_boundary` (metric writes, saves): a driver
     that times the steps may leave the step that ends at the next boundary out."""
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
@@ -118,8 +123,11 @@ class RestartedSync:
   def sync_state(self) -> PyTree:
     return self._driver.sync_state()
 
-  def after_step(self, step: int, state_L: Any) -> Any:
-    return self._driver.after_step(step, state_L)
+  def next_due(self, step: int) -> int | None:
+    return self._driver.next_due(step)
+
+  def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
+    return self._driver.at_boundary(step, state_L, steps)
 
   def loop_work(self, seconds: float) -> None:
     self._driver.loop_work(seconds)

@@ -2,7 +2,8 @@
 
   driver = foreground.ForegroundSync(algorithm, 'ma', meshes, groups=('mlp', 'embedding'), every_k_steps=10)
   driver.start(state_L, driver.initial_sync_state(state_L))
-  state_L = driver.after_step(step, state_L)   # every k-th step: a round on the live params, the loop waits for it
+  state_L = driver.at_boundary(step, state_L, steps)   # at a multiple of k: a round on the live params, waited for
+  driver.next_due(step)                                # the next multiple of k: where the loop ends a block
 
 The training thread issues every collective, so there is no thread to end (`drivers.SyncDriver`).
 """
@@ -61,8 +62,11 @@ class NoSync(_TrainingThreadOnly):
   def sync_state(self) -> None:
     return None
 
-  def after_step(self, step: int, state_L: Any) -> Any:
-    self._steps += 1
+  def next_due(self, step: int) -> None:
+    return None
+
+  def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
+    self._steps += steps
     return state_L
 
   def stats(self) -> dict[str, Any]:
@@ -111,7 +115,11 @@ class ForegroundSync(_TrainingThreadOnly):
   def sync_state(self) -> PyTree:
     return self._sync_state_R
 
-  def after_step(self, step: int, state_L: Any) -> Any:
+  def next_due(self, step: int) -> int:
+    return (step // self._every + 1) * self._every
+
+  def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
+    """A round if `step` is a multiple of k (the loop ends a block at each: `next_due`)."""
     if step % self._every:
       return state_L
     started = time.perf_counter()

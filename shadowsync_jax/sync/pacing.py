@@ -1,7 +1,7 @@
 r"""Shadow rounds that pace themselves: the least interval between rounds that keeps their cost within a budget.
 
   pacer = pacing.Pacer(max_overhead=0.05)      # sync.min_interval_s='auto'; Pacer(0.05, fixed_interval_s=0.2) measures
-  pacer.observe_step(seconds, in_round=True)   # the training thread, at every step boundary
+  pacer.observe_steps(seconds, steps, in_round=True)   # the training thread, at every block boundary
   pacer.observe_round(latency_s)               # a round was merged
   pacer.interval_s()                           # least seconds from one round's start to the next
   pacer.stats()                                # sync_interval_s, sync_round_cost_s, step times, overhead estimate
@@ -107,15 +107,21 @@ class Pacer:
 
   def observe_step(self, seconds: float, in_round: bool) -> None:
     """A training step took `seconds` (boundary to boundary); `in_round`: a round was in flight or touched it."""
+    self.observe_steps(seconds, 1, in_round)
+
+  def observe_steps(self, seconds: float, steps: int, in_round: bool) -> None:
+    """A block of `steps` training steps (one dispatch) took `seconds`, each step an equal share of it."""
     r = self._open
     self._elapsed_s += seconds
     if self._rounds and self._rounds[0].merged_at_s < self._elapsed_s - self.memory_s:
       self._forget()
     if in_round:
-      self._open = r._replace(in_round_s=r.in_round_s + seconds, in_round_steps=r.in_round_steps + 1)
+      self._open = r._replace(in_round_s=r.in_round_s + seconds, in_round_steps=r.in_round_steps + steps)
     else:
       self._open = r._replace(
-        between_s=r.between_s + seconds, between_sq_s2=r.between_sq_s2 + seconds**2, between_steps=r.between_steps + 1
+        between_s=r.between_s + seconds,
+        between_sq_s2=r.between_sq_s2 + seconds**2 / steps,
+        between_steps=r.between_steps + steps,
       )
 
   def observe_round(self, latency_s: float) -> None:

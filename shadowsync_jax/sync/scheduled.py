@@ -3,9 +3,10 @@ dispatches each round, at a step every process agreed on, and never waits for it
 
   driver = ScheduledShadowSync(algorithm, 'ma', meshes, groups=('mlp',), min_interval_s='auto', max_overhead=0.05)
   driver.start(state_L, driver.initial_sync_state(state_L))
-  for step in ...:
-    state_L, _ = train_step(state_L, batch_L)    # sharded lookups: collectives across processes
-    state_L = driver.after_step(step, state_L)   # merges a round that is done; at the agreed step, dispatches one
+  for block in ...:
+    state_L, _ = train_block(state_L, block_L)   # sharded lookups: collectives across processes
+    state_L = driver.at_boundary(step, state_L, n)   # merges a round that is done; at the agreed step, dispatches one
+    driver.next_due(step)                        # the agreed step of the next round: the loop ends a block there
   state_L = driver.finish(state_L)               # merges the round in flight
 
 Why not a thread (`shadow.ShadowSync`): a device runs the programs given to it in the order they were given, so
@@ -105,12 +106,15 @@ class ScheduledShadowSync:
   def sync_state(self) -> PyTree:
     return self._merged_sync_state_R
 
-  def after_step(self, step: int, state_L: Any) -> Any:
+  def next_due(self, step: int) -> int | None:
+    return self._next_round_step if self._next_round_step > step else None
+
+  def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
     now = time.perf_counter()
     if self._last_boundary_s is not None:
       in_round = self._in_flight is not None or self._tail_steps > 0
-      self._pacer.observe_step(now - self._last_boundary_s, in_round=in_round)
-    self._tail_steps = max(0, self._tail_steps - 1)
+      self._pacer.observe_steps(now - self._last_boundary_s, steps, in_round=in_round)
+    self._tail_steps = max(0, self._tail_steps - steps)
     due = step >= self._next_round_step
     if self._in_flight is not None and (due or self._in_flight.ready()):
       state_L = self._merge(state_L, step)  # When the next round is due, it waits for this one: its gap is needed.

@@ -2,17 +2,20 @@
 
   driver = ShadowSync(algorithm, 'ma', meshes, groups=('mlp',), min_interval_s='auto', max_overhead=0.05)
   driver.start(state_L, driver.initial_sync_state(state_L))   # starts the thread
-  for step in ...:
-    state_L, _ = train_step(state_L, batch_L)    # no cross-replica collective in here
-    state_L = driver.after_step(step, state_L)   # never waits for a round
+  for block in ...:
+    state_L, _ = train_block(state_L, block_L)   # n steps, no cross-replica collective in there
+    state_L = driver.at_boundary(step, state_L, n)   # never waits for a round
     driver.loop_work(seconds)                    # the loop's own work (writes, saves): a long one is not a step's
+    driver.next_due(step)                        # a boundary soon enough for a round to be handed over or merged
   state_L = driver.finish(state_L)               # last rounds with every process, then joins the thread
 
-A round: the thread asks for a snapshot; at its next step boundary the training loop dispatches a copy `s` of the
-synced params (a copy, so donating the params to the next step cannot delete what the thread reads) and hands it
-over; the thread computes the synced `s'` (its collectives are the only ones) and posts `(s, s')`; at the next step
+A round: the thread asks for a snapshot; at its next block boundary the training loop dispatches a copy `s` of the
+synced params (a copy, so donating the params to the next block cannot delete what the thread reads) and hands it
+over; the thread computes the synced `s'` (its collectives are the only ones) and posts `(s, s')`; at the next
 boundary after that, the loop merges `w <- w + (s' - s)`, keeping the local steps made while the round ran. An
-exception in the thread is re-raised by `after_step` at the first step boundary after it happened.
+exception in the thread is re-raised by `at_boundary` at the first boundary after it happened. The loop dispatches
+blocks of steps (DESIGN §13); so that a round waits for a boundary no more than a small part of its pace, the driver
+asks for a boundary every `FRESHNESS` of its interval (`next_due`).
 
 Pace: a round starts no sooner than `min_interval_s` after the last one started. With 'auto' the interval is paced
 (`pacing.Pacer`): the training thread times every step, those a round ran beside and those between rounds, and
@@ -58,6 +61,7 @@ _ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
 # boundary i) the copy or merge, then waits for step i-1: the copy or merge runs after step i and delays step i+1,
 # which the loop waits for after boundary i+2, so its time lands in the third step timed after boundary i.
 _TAIL_STEPS = 3
+FRESHNESS = 0.25  # A boundary comes at least every this share of the pace: a round waits no longer for one.
 
 
 def _round_agreement(meshes: replicas.ReplicaMeshes):
@@ -148,14 +152,22 @@ class ShadowSync:
     rounds.merge.lower(synced_L, synced_L, synced_L).compile()
     self._compiled = True
 
-  def after_step(self, step: int, state_L: Any) -> Any:
-    """At a step boundary: raise the thread's error, time the step for the pace, merge a finished round, hand over
-    a wanted snapshot."""
+  def next_due(self, step: int) -> int | None:
+    """A boundary within `FRESHNESS` of the pace (None until a step time is known: blocks as the loop plans)."""
+    step_s = self._pacer.step_time_s()
+    if step_s is None:
+      return None
+    return step + max(1, int(FRESHNESS * self._interval_s / step_s))
+
+  def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
+    """After a block of `steps` steps: raise the thread's error, time the steps for the pace, merge a finished
+    round, hand over a wanted snapshot."""
     self._raise_if_failed()
     now = time.perf_counter()
     if self._last_boundary_s is not None:
-      self._pacer.observe_step(now - self._last_boundary_s, in_round=self._in_flight or self._tail_steps > 0)
-    self._tail_steps = max(0, self._tail_steps - 1)
+      in_round = self._in_flight or self._tail_steps > 0
+      self._pacer.observe_steps(now - self._last_boundary_s, steps, in_round=in_round)
+    self._tail_steps = max(0, self._tail_steps - steps)
     state_L = self._step_boundary(state_L, step)
     self._interval_s = self._pacer.interval_s()
     self._last_boundary_s = now
@@ -209,7 +221,7 @@ class ShadowSync:
     return {**self._gaps.stats(), **self._pacer.stats(), 'sync_job_interval_s': self._job_interval_s}
 
   def sync_state(self) -> PyTree:
-    """The sync state of the last merged round, so it matches the params `after_step` returned (safe to save)."""
+    """The sync state of the last merged round, so it matches the params `at_boundary` returned (safe to save)."""
     return self._sync_state_R
 
   def wait_for_rounds(self, rounds: int, step_boundary, timeout_s: float = 60.0) -> None:

@@ -169,3 +169,40 @@ def test_an_id_past_its_table_is_named_with_its_example():
   np.testing.assert_array_equal(
     input_pipeline.StreamSlice(stream, 100, 1000, (50,) * 26).read(0, 5).sparse, stream.read(100, 5).sparse
   )
+
+
+@pytest.mark.parametrize('replicas', [None, range(2, 4)])
+def test_a_block_holds_the_steps_replica_first_and_zeros_past_its_steps(replicas):
+  """Block [L, K, B, ...]: replica l's step k is the same slice `train_batches` gives for that step."""
+  num_replicas, batch_size = 4, 3
+  steps = _stack(list(input_pipeline.train_batches(IndexSource(), num_replicas, batch_size, 120)))  # [S, R, B, ...]
+  block = input_pipeline.read_block(IndexSource(), num_replicas, batch_size, 2, 3, 5, replicas=replicas)
+  kept = range(num_replicas) if replicas is None else replicas
+  assert block.label.shape == (len(kept), 5, batch_size) and block.sparse.shape == (len(kept), 5, batch_size, 26)
+  for field, whole in zip(block, steps):
+    np.testing.assert_array_equal(field[:, :3], np.swapaxes(whole[2:5, kept.start : kept.stop], 0, 1))
+    assert not field[:, 3:].any()
+  with pytest.raises(ValueError, match='num_steps=6'):
+    input_pipeline.read_block(IndexSource(), num_replicas, batch_size, 0, 6, 5)
+
+
+def test_the_block_reader_serves_a_prefetched_block_or_reads_the_one_asked_for():
+  class Counting(IndexSource):
+    reads = 0
+
+    def read(self, start, count):
+      Counting.reads += 1
+      return super().read(start, count)
+
+  reader = input_pipeline.BlockReader(Counting(), 2, 4, block_steps=4)
+  try:
+    reader.prefetch(3, 4)
+    block = reader.take(3, 2)  # Its first two steps: the prefetched block serves (steps past 2 are never used).
+    assert Counting.reads == 1 and block.label[0, 0, 0] == 3 * 2 * 4
+    reader.prefetch(5, 4)
+    again = reader.take(0, 1)  # Not what was prefetched: read now.
+    assert Counting.reads == 3 and again.label[0, 0, 0] == 0 and not again.label[:, 1:].any()
+    reader.resize(8)
+    assert reader.take(0, 6).label.shape == (2, 8, 4)
+  finally:
+    reader.close()

@@ -23,7 +23,7 @@ class _Clock:
 
 def _run(delay, clock, step_s):
   clock.now += step_s
-  delay.after_step(None)
+  delay.after_block(None, 1)
 
 
 def test_a_straggler_paces_its_steps_to_slowdown_times_its_own_calibrated_step_never_a_multiple_of_its_waits(

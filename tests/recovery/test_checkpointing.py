@@ -44,7 +44,7 @@ def test_a_live_state_is_saved_exactly_or_from_its_newest_host_copy(tmp_path):
   meshes = replicas.make_meshes(4)
   keeper = live_state.LiveKeeper(tmp_path, every_s=0.0)
   assert keeper.save_latest() is None  # No copy yet.
-  keeper.after_step(7, lambda: _tree(meshes, 7.0))
+  keeper.at_boundary(7, lambda: _tree(meshes, 7.0))
   deadline = time.monotonic() + 30
   while keeper._latest is None and time.monotonic() < deadline:  # pylint: disable=protected-access
     time.sleep(0.01)

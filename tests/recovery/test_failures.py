@@ -123,3 +123,18 @@ def test_embedding_shards_split_every_table_into_contiguous_near_equal_ranges():
   assert all(s.dtype == np.int32 for s in shards)
   with pytest.raises(ValueError, match='shard'):
     failures.embedding_shard_rows(cardinalities, num_shards, 3)
+
+
+def test_the_next_failure_after_a_step_is_the_schedules_next_and_none_past_its_end():
+  """The training loop ends a block at the next failure: every failure step, in order, and nothing after the end."""
+  ended = failures.FailureSchedule(
+    seed=4, mtbf_steps=30.0, target='replica', num_replicas=2, num_shards=1, total_steps=500
+  )
+  steps = sorted({f.step for f in ended})
+  walked, step = [], 0
+  while (step := ended.next_failure_after(step)) is not None:
+    walked.append(step)
+  assert walked == steps and len(steps) > 5
+  endless = failures.FailureSchedule(seed=4, mtbf_steps=30.0, target='replica', num_replicas=2, num_shards=1)
+  assert endless.next_failure_after(10_000) > 10_000  # Drawn as far as needed.
+  assert [endless.next_failure_after(s - 1) for s in steps] == steps

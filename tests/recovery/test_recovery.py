@@ -52,8 +52,11 @@ class _Scripted:
   def __init__(self, by_step: dict[int, list[failures.Failure]]):
     self._by_step = by_step
 
-  def failures_at(self, step):
-    return self._by_step.get(step, [])
+  def failures_between(self, first_step, last_step):
+    return [f for step in range(first_step, last_step + 1) for f in self._by_step.get(step, [])]
+
+  def next_failure_after(self, step):
+    return min((s for s in self._by_step if s > step), default=None)
 
 
 @pytest.fixture(scope='module')
@@ -87,6 +90,11 @@ def _batch(ids_RxBxT):
   return Batch(np.zeros((*ids.shape[:2], 13), np.float32), ids, np.zeros(ids.shape[:2], np.float32))
 
 
+def _one_step(batch_RxB):
+  """A step's batches as a block of one step, [R, 1, B, ...] (what the loop hands `at_boundary`)."""
+  return Batch(*(field[:, None] for field in batch_RxB))
+
+
 def test_partial_restore_reads_only_the_kept_leaves(tmp_path, initial_state):
   recovery, _, checkpointer = _unit_recovery(tmp_path, initial_state, 'partial', {})
   state = initial_state
@@ -115,7 +123,7 @@ def test_a_failed_shard_reloads_its_rows_in_every_replica_and_nothing_else(tmp_p
   state = initial
   for step, batch in enumerate(batches, 1):
     state = _trained(state, 1.0)
-    state, driver, rewind_to = recovery.after_step(step, state, driver, batch)
+    state, driver, rewind_to = recovery.at_boundary(step, state, 1, _one_step(batch), driver)
     assert rewind_to is None
 
   rows_F = failures.embedding_shard_rows([CARDINALITY] * 26, 4, 1)  # rows 2, 3, 4 of every table (10 rows / 4)
@@ -157,7 +165,7 @@ def test_a_failed_replica_reloads_its_state_and_the_newer_priority_rows(tmp_path
   state = initial
   for step in (1, 2, 3):
     state = _trained(state, 1.0)
-    state, driver, _ = recovery.after_step(step, state, driver, hot)
+    state, driver, _ = recovery.at_boundary(step, state, 1, _one_step(hot), driver)
   assert recovery.priority_steps == [2] and recovery.checkpoint_steps == [0]
 
   hot_rows = np.arange(26) * CARDINALITY + 3
@@ -198,7 +206,7 @@ def test_an_emulated_save_cost_sets_the_interval_and_holds_the_loop(tmp_path, in
   state = initial_state
   for step in range(1, interval + 1):
     time.sleep(0.005)  # Steps of at least 5 ms.
-    state, driver, _ = recovery.after_step(step, state, driver, batch)
+    state, driver, _ = recovery.at_boundary(step, state, 1, _one_step(batch), driver)
   summary = recovery.summary()
   assert summary['checkpoint_interval_steps'] == interval and recovery.checkpoint_steps == [0, interval]
   assert summary['recovery']['save_cost'] == 'emulated' and summary['recovery']['save_cost_steps'] == 30.0

@@ -54,7 +54,7 @@ def test_a_round_merges_its_synced_dense_params_and_keeps_the_local_steps():
     params = {**state.params, 'mlp': jax.tree.map(lambda w, d: w + d, state.params['mlp'], delta)}
     state = state._replace(params=params)
     rounds_before = driver.stats()['sync_rounds']
-    state = driver.after_step(step, state)
+    state = driver.at_boundary(step, state, 1)
     if driver.stats()['sync_rounds'] > rounds_before:
       merges.append(jax.device_get(state.params['mlp']))
   state = driver.finish(state)

@@ -36,7 +36,7 @@ ALL = ('mlp', 'embedding')
 
 
 class Loop:
-  """A training loop as train.py runs it, with the fake step: step, then `after_step`, then read the step back."""
+  """A training loop as train.py runs it, with the fake step: step, then `at_boundary`, then read the step back."""
 
   def __init__(self, driver, num_replicas: int):
     self.mesh = replicas.make_mesh(num_replicas)
@@ -48,7 +48,7 @@ class Loop:
   def advance(self) -> None:
     self.state = fake_training.donating_step(self.state, self._delta_R)
     self.step += 1
-    self.state = self.driver.after_step(self.step, self.state)
+    self.state = self.driver.at_boundary(self.step, self.state, 1)
     jax.block_until_ready(self.state.step)  # Keeps the dispatch queue short, as train.py's loss read-back does.
 
   def advance_until(self, condition: Callable[[], bool], what: str) -> None:
@@ -180,8 +180,8 @@ def test_merge_keeps_the_local_steps_made_during_the_round(monkeypatch, name, nu
     )
 
 
-def test_after_step_never_waits_for_a_round(monkeypatch):
-  """200 steps go through while a round is held (`run`'s deadline fails the test if `after_step` waits for it)."""
+def test_at_boundary_never_waits_for_a_round(monkeypatch):
+  """200 steps go through while a round is held (`run`'s deadline fails the test if `at_boundary` waits for it)."""
   loop = Loop(_driver('ma', 8), 8)
   with _holding_rounds(loop.driver, monkeypatch) as held:
     _start(loop)
@@ -217,7 +217,7 @@ def test_a_round_that_cannot_compile_fails_start_in_the_training_thread():
   assert set(threading.enumerate()) == before
 
 
-def test_thread_error_reaches_the_next_after_step_and_finish(monkeypatch):
+def test_thread_error_reaches_the_next_boundary_and_finish(monkeypatch):
   """The original exception, at the first step boundary after the thread died, then again from `finish`."""
   loop = Loop(_driver('ma', 4), 4)
   with _holding_rounds(
@@ -231,7 +231,7 @@ def test_thread_error_reaches_the_next_after_step_and_finish(monkeypatch):
       while time.monotonic() < deadline:
         thread_was_dead = not thread.is_alive()
         loop.advance()
-        assert not thread_was_dead, 'after_step returned normally after the thread had died'
+        assert not thread_was_dead, 'at_boundary returned normally after the thread had died'
         thread.join(0.01)  # Lets the thread run; the test does not depend on how long it takes.
 
     with pytest.raises(SyncFailed) as raised:
@@ -351,7 +351,7 @@ def test_shadow_sync_with_the_real_donating_train_step():
     state_R, pending_loss, losses = state, None, []
     for step in range(1, num_steps + 1):
       state_R, metrics = train_step(state_R, batches[step % len(batches)])
-      state_R = driver.after_step(step, state_R)
+      state_R = driver.at_boundary(step, state_R, 1)
       if pending_loss is not None:  # As train.py: reading step N-1's loss keeps the dispatch queue one step deep.
         losses.append(float(np.mean(pending_loss)))
       pending_loss = metrics['loss']

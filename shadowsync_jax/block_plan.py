@@ -1,0 +1,130 @@
+"""How many training steps each dispatch runs: blocks of K steps, cut where an event falls (DESIGN §13).
+
+  plan = block_plan.BlockPlan(steps_per_dispatch='auto', stop_step=7812, max_steps=64)
+  step = 0
+  while step < plan.stop_step:
+    n = plan.next_block(step, due_steps=[driver.next_due(step), recovery.next_due(step), log.next_due(step)])
+    ...                                    # one dispatch of n steps; while probing, wait for it and time it
+    if plan.probing:
+      plan.observe(n, seconds)
+    step += n
+  plan.steps_per_dispatch                  # K, once chosen
+
+A block ends at the earliest of K steps, the stop, and the next step at whose boundary a hook must act (a log step, a
+checkpoint, a foreground round, an emulated failure, a kill): events happen at block boundaries, so a run gives the same
+results whatever K is. The first block is one step (it compiles). With `steps_per_dispatch='auto'` the next blocks
+probe: one step, then `PROBE_STEPS`, three times, each waited for and timed; a block of n steps takes about h + n t (h:
+the host's own work per dispatch, reading and placing the batches, dispatching, the hooks; t: a step on the device; the
+fastest block of each size is taken, the first ones after a compile run slower), and K is the smallest power of two
+whose dispatch is long enough that h is at most `HOST_SHARE` of it: K t >= h / HOST_SHARE (Keras's
+`steps_per_execution`, chosen by measurement). Pure bookkeeping: the training loop times the blocks, and every process
+of a job, given the same events, plans the same blocks (the probe's sizes are fixed; a job agrees on K by taking the
+largest any process chose, `agree`).
+"""
+
+from collections.abc import Iterable
+import math
+
+HOST_SHARE = 0.05  # The host's work per dispatch, as a share of the dispatch, that 'auto' allows.
+PROBE_STEPS = 8  # The longer of the two block sizes 'auto' times.
+PROBE = (1, PROBE_STEPS) * 3  # The timed blocks after the compiling one, in order.
+MAX_STEPS = 256  # The longest block 'auto' chooses.
+
+
+def choose_steps_per_dispatch(host_s: float, step_s: float, max_steps: int, host_share: float = HOST_SHARE) -> int:
+  """The smallest power of two K with K step_s >= host_s / host_share, at most `max_steps` (and at least 1)."""
+  if host_s <= 0:
+    return 1
+  if step_s <= 0:
+    return max_steps
+  needed = host_s / host_share / step_s
+  return max(1, min(max_steps, 2 ** math.ceil(math.log2(max(needed, 1.0)))))
+
+
+def fit_host_and_step(timings: Iterable[tuple[int, float]]) -> tuple[float, float]:
+  """(h, t) of blocks of n steps taking about h + n t seconds, from timed (n, seconds) pairs of at least two sizes:
+  the fastest time at each size (noise only adds: a busy moment, a first run's page faults), the line through the
+  smallest and the largest size."""
+  by_size: dict[int, list[float]] = {}
+  for n, seconds in timings:
+    by_size.setdefault(n, []).append(seconds)
+  if len(by_size) < 2:
+    raise ValueError(f'blocks of at least two sizes are needed, got {sorted(by_size)}.')
+  small, large = min(by_size), max(by_size)
+  small_s, large_s = min(by_size[small]), min(by_size[large])
+  step_s = max(0.0, (large_s - small_s) / (large - small))
+  return max(0.0, small_s - small * step_s), step_s
+
+
+def next_multiple(step: int, every: int | None) -> int | None:
+  """The first multiple of `every` after `step` (None: never): when an event every `every` steps is next due."""
+  if not every:
+    return None
+  return (step // every + 1) * every
+
+
+class BlockPlan:
+  """The size of each dispatch (module docstring)."""
+
+  def __init__(self, steps_per_dispatch: int | str, stop_step: int, max_steps: int = MAX_STEPS):
+    """`steps_per_dispatch`: K, or 'auto' (measured at the start, at most `max_steps`); `stop_step`: where the
+    run stops."""
+    if steps_per_dispatch != 'auto' and not (isinstance(steps_per_dispatch, int) and steps_per_dispatch >= 1):
+      raise ValueError(f"steps_per_dispatch={steps_per_dispatch!r} must be an integer >= 1 or 'auto'.")
+    self.stop_step = stop_step
+    self.max_steps = max_steps
+    self._auto = steps_per_dispatch == 'auto'
+    self.steps_per_dispatch: int | None = None if self._auto else steps_per_dispatch
+    self._blocks = 0  # Blocks planned so far.
+    self._timings: list[tuple[int, float]] = []
+    self.host_s: float | None = None  # What 'auto' measured: the host's work per dispatch, and a step.
+    self.step_s: float | None = None
+
+  @property
+  def probing(self) -> bool:
+    """Whether the block just planned is one of 'auto''s timed blocks: the loop waits for it and `observe`s it."""
+    return self._auto and self.steps_per_dispatch is None and 1 < self._blocks <= 1 + len(PROBE)
+
+  @property
+  def block_steps(self) -> int:
+    """The most steps a block holds: K once known, else the longest block the probe runs."""
+    return self.steps_per_dispatch or max(PROBE)
+
+  def next_block(self, step: int, due_steps: Iterable[int | None] = ()) -> int:
+    """Steps of the next block from `step`: K (or the probe's next size), cut at the stop and at the first due
+    step after `step`."""
+    if step >= self.stop_step:
+      raise ValueError(f'no block after step {step}: the run stops at {self.stop_step}.')
+    self._blocks += 1
+    if self._blocks == 1:
+      wanted = 1  # It compiles.
+    elif self.steps_per_dispatch is None:
+      wanted = PROBE[self._blocks - 2]
+    else:
+      wanted = self.steps_per_dispatch
+    end = min([step + wanted, self.stop_step] + [due for due in due_steps if due is not None and due > step])
+    return end - step
+
+  def observe(self, steps: int, seconds: float) -> None:
+    """A probing block of `steps` steps took `seconds`, from its data to its results; after the last, K is chosen."""
+    self._timings.append((steps, seconds))
+    if len(self._timings) < len(PROBE):
+      return
+    sizes = {n for n, _ in self._timings}
+    if len(sizes) < 2:  # Events cut every probe block to one size: nothing to fit, keep the longest block.
+      self.steps_per_dispatch = max(PROBE)
+      return
+    self.host_s, self.step_s = fit_host_and_step(self._timings)
+    self.steps_per_dispatch = choose_steps_per_dispatch(self.host_s, self.step_s, self.max_steps)
+
+  def agree(self, chosen_by_process: Iterable[int]) -> None:
+    """The job's K: the largest any process chose (every process must dispatch the same blocks)."""
+    self.steps_per_dispatch = max(chosen_by_process)
+
+  def stats(self) -> dict[str, float | int | None]:
+    """steps_per_dispatch, and what 'auto' measured (dispatch_host_s, dispatch_step_s)."""
+    return {
+      'steps_per_dispatch': self.steps_per_dispatch,
+      'dispatch_host_s': self.host_s,
+      'dispatch_step_s': self.step_s,
+    }

@@ -1,0 +1,226 @@
+r"""Whether the training loop feeds its step (DESIGN §13): the step alone, the whole loop, and the loop around a step
+that does no work, timed in one run.
+
+  from experiments.configs import default
+  results = loop.run({'default': default.get_config}, repeats=3, root='/tmp/loop')   # one dict a config
+  print(loop.table(results))
+
+For each config (`benchmarks.loop`: the default one, and Criteo Kaggle's at its real cardinalities on the synthetic
+stream), on one replica, with every other setting the config's own, `repeats` times in turn:
+
+- (b) the loop: `train.train_and_evaluate` as a user runs it, in this process, with `train.steps_per_dispatch`
+  at its default ('auto'); its `examples_per_sec` (every step after the first block, the data read and placed
+  while the blocks train, the hooks at every boundary);
+- (a) the step alone: the same block program (`train.make_train_block`, the K that (b) chose) dispatched back to
+  back on blocks of the same stream already on the device: what the device can do, nothing else;
+- (c) the host's ceiling: (b) again with a block program that does no work (it returns the state it was given),
+  at the same K: how many examples a second the loop and its input can feed;
+- (b') the loop again on the stream read into memory before training (K chosen anew): what the loop costs without
+  its input's reading, so that (b') - (b) is the reading's share on this machine.
+
+The ratio (b)/(a) of each repeat is read as the loop's share of its step, its median with the range over the
+repeats; (c) in examples/sec. Each run trains `num_train_examples` of the stream and evaluates on
+`num_eval_examples` (both smaller than the configs' own, said in the note).
+"""
+
+from collections.abc import Callable, Mapping
+import functools
+import gc
+import pathlib
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from shadowsync_jax import config as config_lib
+from shadowsync_jax import train
+from shadowsync_jax.data import input_pipeline
+from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.parallel import replicas
+
+TARGET_LOOP_SHARE = 0.9  # (b) >= 0.9 (a) (issue 42).
+TARGET_CEILING = 5_000_000  # (c) >= 5M examples/s for the synthetic stream.
+_TIMED_BLOCKS = 40  # Blocks of (a), after two that warm up.
+
+
+def one_replica(make_config: Callable[[], ml_collections.ConfigDict], num_train: int, num_eval: int):
+  """The config `make_config` gives, on one replica, with these stream lengths."""
+  config = make_config()
+  config.num_replicas = 1
+  config.data.num_train_examples = num_train
+  config.data.num_eval_examples = num_eval
+  return config
+
+
+def time_step_alone(config, steps_per_dispatch: int, timed_blocks: int = _TIMED_BLOCKS) -> float:
+  """(a): examples/sec of `train.make_train_block`'s program on full blocks of K steps already on the device."""
+  config = config_lib.resolve(config)
+  meshes = replicas.make_meshes(config.num_replicas)
+  state = train.init_replicated_state(config, meshes)
+  train_block = train.make_train_block(config, meshes)
+  source, _ = input_pipeline.make_sources(config.data, config.seed)
+  blocks_needed = min(
+    timed_blocks + 2, input_pipeline.num_steps(len(source), 1, config.batch_size) // steps_per_dispatch
+  )
+  steps_L = replicas.shard(np.full(1, steps_per_dispatch, np.int32), meshes.local)
+  blocks = [
+    replicas.shard(
+      input_pipeline.read_block(
+        source, 1, config.batch_size, i * steps_per_dispatch, steps_per_dispatch, steps_per_dispatch
+      ),
+      meshes.local,
+    )
+    for i in range(blocks_needed)
+  ]
+  for block in blocks[:2]:  # Compile, warm up.
+    state, metrics = train_block(state, block, steps_L)
+  jax.block_until_ready((state, metrics))
+  started = time.perf_counter()
+  for block in blocks[2:]:
+    state, metrics = train_block(state, block, steps_L)
+  jax.block_until_ready((state, metrics))
+  seconds = time.perf_counter() - started
+  del state, blocks
+  return (blocks_needed - 2) * steps_per_dispatch * config.batch_size / seconds
+
+
+def _make_no_work_block(config, meshes):
+  """A block program that trains nothing: the state back as it came (donated), zero losses."""
+  del config, meshes
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def nothing(state_L, block_L, steps_L):
+    del steps_L
+    return state_L, {'loss': jnp.zeros(block_L.label.shape[:2], jnp.float32)}
+
+  return nothing
+
+
+class _InMemory:
+  """A source's first examples read once into memory, then served from there: the stream without its reading."""
+
+  def __init__(self, source: input_pipeline.StreamSlice):
+    self._whole, self._source = source.read(0, len(source)), source
+
+  def read(self, start: int, count: int) -> Batch:
+    return Batch(*(field[start : start + count] for field in self._whole))
+
+
+def time_loop(config, workdir: pathlib.Path, no_work: bool = False, in_memory: bool = False) -> dict[str, Any]:
+  """(b), with `no_work` (c), with `in_memory` (b'): the summary of `train.train_and_evaluate` on `config`."""
+  make_train_block, make_sources = train.make_train_block, input_pipeline.make_sources
+  if no_work:
+    train.make_train_block = _make_no_work_block
+  if in_memory:
+
+    def sources_in_memory(data_config, seed):
+      stream, held_out = make_sources(data_config, seed)
+      return input_pipeline.StreamSlice(_InMemory(stream), 0, len(stream)), held_out
+
+    input_pipeline.make_sources = sources_in_memory
+  try:
+    return train.train_and_evaluate(config, workdir)
+  finally:
+    train.make_train_block, input_pipeline.make_sources = make_train_block, make_sources
+    gc.collect()
+
+
+def run(
+  configs: Mapping[str, Callable[[], ml_collections.ConfigDict]],
+  repeats: int,
+  root: str | pathlib.Path,
+  num_train_examples: Mapping[str, int],
+  num_eval_examples: int = 16_384,
+) -> dict[str, dict[str, Any]]:
+  """Every config's (a), (b), (c), `repeats` times in turn (module docstring); `num_train_examples` by config."""
+  root = pathlib.Path(root)
+  results = {}
+  for name, make_config in configs.items():
+    make = functools.partial(one_replica, make_config, num_train_examples[name], num_eval_examples)
+    runs = []
+    for repeat in range(repeats):
+      loop = time_loop(make(), root / f'{name}_loop_{repeat}')
+      steps_per_dispatch = loop['steps_per_dispatch']
+      step_alone = time_step_alone(make(), steps_per_dispatch)
+      gc.collect()
+      no_work_config = make()
+      no_work_config.train.steps_per_dispatch = steps_per_dispatch
+      ceiling = time_loop(no_work_config, root / f'{name}_no_work_{repeat}', no_work=True)
+      in_memory = time_loop(make(), root / f'{name}_in_memory_{repeat}', in_memory=True)
+      runs.append(
+        {
+          'steps_per_dispatch': steps_per_dispatch,
+          'dispatch_host_s': loop['dispatch_host_s'],
+          'dispatch_step_s': loop['dispatch_step_s'],
+          'step_alone_examples_per_sec': step_alone,
+          'loop_examples_per_sec': loop['examples_per_sec'],
+          'no_work_examples_per_sec': ceiling['examples_per_sec'],
+          'loop_share': loop['examples_per_sec'] / step_alone,
+          'in_memory_examples_per_sec': in_memory['examples_per_sec'],
+          'in_memory_share': in_memory['examples_per_sec'] / step_alone,
+          'eval_ne': loop['eval_ne'],
+        }
+      )
+      print(f'{name} repeat {repeat}: {runs[-1]}', flush=True)
+    shares = [r['loop_share'] for r in runs]
+    results[name] = {
+      'config': name,
+      'batch_size': make().batch_size,
+      'num_train_examples': num_train_examples[name],
+      'num_eval_examples': num_eval_examples,
+      'runs': runs,
+      'loop_share_median': statistics.median(shares),
+      'loop_share_range': [min(shares), max(shares)],
+      'no_work_examples_per_sec_median': statistics.median(r['no_work_examples_per_sec'] for r in runs),
+      'backend': jax.default_backend(),
+    }
+  return results
+
+
+def _verdict(low: float, high: float, target: float) -> str:
+  if low >= target:
+    return 'met'
+  return 'within noise' if high >= target else 'not met'
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+  """A row a config: K, the three figures (medians), the loop's share of its step (median, range) and the
+  verdicts against the targets."""
+  lines = [
+    "| config | batch | K | (a) step alone, ex/s | (b) loop, ex/s | (b)/(a) (range) | (b')/(a): stream in memory "
+    '| (c) no-work loop, ex/s |',
+    '|---|---|---|---|---|---|---|---|',
+  ]
+  for result in results.values():
+    runs, (low, high) = result['runs'], result['loop_share_range']
+    alone = statistics.median(r['step_alone_examples_per_sec'] for r in runs)
+    whole = statistics.median(r['loop_examples_per_sec'] for r in runs)
+    ceiling = result['no_work_examples_per_sec_median']
+    memory = [r['in_memory_share'] for r in runs]
+    memory_share = statistics.median(memory)
+    ks = ', '.join(map(str, sorted({r['steps_per_dispatch'] for r in runs})))
+    lines.append(
+      f'| {result["config"]} | {result["batch_size"]} | {ks} | {alone:,.0f} | {whole:,.0f} | '
+      f'{result["loop_share_median"]:.2f} ({low:.2f}-{high:.2f}; target {TARGET_LOOP_SHARE}: '
+      f'{_verdict(low, high, TARGET_LOOP_SHARE)}) | {memory_share:.2f} ({min(memory):.2f}-{max(memory):.2f}) | '
+      f'{ceiling:,.0f} '
+      f'(target {TARGET_CEILING / 1e6:.0f}M: {_verdict(ceiling, 0, TARGET_CEILING)}) |'
+    )
+  return '\n'.join(lines)
+
+
+def note(results: dict[str, dict[str, Any]], repeats: int, changed: str) -> str:
+  """The settings under the table: `changed` says what the binary changed in the configs."""
+  lengths = ', '.join(f'{r["config"]} {r["num_train_examples"]:,}' for r in results.values())
+  held_out = next(iter(results.values()))['num_eval_examples']
+  return (
+    f'One replica on {jax.default_backend()}, the synthetic stream; {repeats} repeats of (b) the whole loop '
+    "(`train.train_and_evaluate`, `train.steps_per_dispatch='auto'`, everything else the config's own), (a) its "
+    'block program alone at the K (b) chose, on blocks already on the device, and (c) the loop at that K around a '
+    f'block that does no work. Changed from the configs: num_replicas=1; the training stream shortened ({lengths} '
+    f'examples), {held_out:,} held-out examples; {changed}. (b)/(a) per repeat: median and range.'
+  )

@@ -1,0 +1,84 @@
+"""The block plan: blocks of K steps cut where events fall, and 'auto''s K from timed blocks (pure, no device)."""
+
+import pytest
+
+from shadowsync_jax import block_plan
+
+
+def _blocks(plan, start, due):
+  """The block sizes from `start` to the stop, with `due(step)` the hooks' next due step."""
+  sizes, step = [], start
+  while step < plan.stop_step:
+    sizes.append(plan.next_block(step, [due(step)]))
+    step += sizes[-1]
+  return sizes
+
+
+def test_blocks_of_k_end_at_every_due_step_and_at_the_stop():
+  plan = block_plan.BlockPlan(4, stop_step=23)
+  every_10 = lambda step: block_plan.next_multiple(step, 10)
+  # The first block is one step (it compiles); blocks of 4 after it, cut at 10, 20 and the stop.
+  assert _blocks(plan, 0, every_10) == [1, 4, 4, 1, 4, 4, 2, 3]
+  assert plan.steps_per_dispatch == 4 and not plan.probing
+
+
+def test_a_due_step_at_or_before_the_current_step_cuts_nothing():
+  plan = block_plan.BlockPlan(8, stop_step=100)
+  plan.next_block(0)
+  assert plan.next_block(10, [10, 3, None]) == 8
+
+
+def test_auto_probes_then_picks_the_smallest_k_whose_dispatch_dwarfs_the_host():
+  plan = block_plan.BlockPlan('auto', stop_step=10_000, max_steps=64)
+  host_s, step_s = 2e-3, 1e-3  # A block of n steps: host_s + n step_s.
+  step, sizes = 0, []
+  while plan.steps_per_dispatch is None:
+    n = plan.next_block(step)
+    sizes.append(n)
+    if plan.probing:
+      plan.observe(n, host_s + n * step_s)
+    step += n
+  assert sizes == [1, *block_plan.PROBE]
+  assert plan.host_s == pytest.approx(host_s) and plan.step_s == pytest.approx(step_s)
+  # K step_s >= host_s / 0.05 = 40 step_s: the next power of two is 64.
+  assert plan.steps_per_dispatch == 64 and plan.next_block(step) == 64
+  assert plan.stats() == {'steps_per_dispatch': 64, 'dispatch_host_s': plan.host_s, 'dispatch_step_s': plan.step_s}
+
+
+@pytest.mark.parametrize(
+  ('host_s', 'step_s', 'expected'), [(1e-3, 1.0, 1), (1e-3, 0.5e-3, 64), (1e-3, 1e-9, 256), (0.0, 1e-3, 1)]
+)
+def test_choose_steps_per_dispatch(host_s, step_s, expected):
+  assert block_plan.choose_steps_per_dispatch(host_s, step_s, max_steps=256) == expected
+
+
+def test_probe_blocks_cut_to_one_size_keep_the_probe_length():
+  plan = block_plan.BlockPlan('auto', stop_step=1000)
+  step = 0
+  while plan.steps_per_dispatch is None:
+    n = plan.next_block(step, [step + 1])  # An event every step.
+    if plan.probing:
+      plan.observe(n, 0.01)
+    step += n
+  assert plan.steps_per_dispatch == max(block_plan.PROBE) and plan.host_s is None
+
+
+def test_a_job_takes_the_largest_k_any_process_chose():
+  plan = block_plan.BlockPlan(2, stop_step=100)
+  plan.agree([2, 16, 4])
+  assert plan.steps_per_dispatch == 16
+
+
+def test_fit_needs_two_sizes_and_takes_the_fastest_block_of_each():
+  with pytest.raises(ValueError, match='two sizes'):
+    block_plan.fit_host_and_step([(1, 0.1), (1, 0.2)])
+  host_s, step_s = block_plan.fit_host_and_step([(1, 3.0), (1, 30.0), (9, 11.0), (9, 12.5)])
+  assert (host_s, step_s) == pytest.approx((2.0, 1.0))
+
+
+def test_invalid_steps_per_dispatch_and_a_block_past_the_stop():
+  with pytest.raises(ValueError, match='steps_per_dispatch'):
+    block_plan.BlockPlan(0, stop_step=10)
+  with pytest.raises(ValueError, match='stops at 10'):
+    block_plan.BlockPlan(2, stop_step=10).next_block(10)
+  assert block_plan.next_multiple(7, None) is None and block_plan.next_multiple(10, 5) == 15
