@@ -27,8 +27,8 @@ def _kaggle_synthetic():
 CONFIGS = {'default': default.get_config, 'kaggle': _kaggle_synthetic}
 _CONFIGS = flags.DEFINE_list('configs', list(CONFIGS), f'Which of {", ".join(CONFIGS)} to time.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Repeats of the three timings a config.')
-_DEFAULT_EXAMPLES = flags.DEFINE_integer('default_examples', 500_000, 'Training examples of a default-config run.')
-_KAGGLE_EXAMPLES = flags.DEFINE_integer('kaggle_examples', 100_000, 'Training examples of a Kaggle-config run.')
+_DEFAULT_EXAMPLES = flags.DEFINE_integer('default_examples', 1_000_000, 'Training examples of a default-config run.')
+_KAGGLE_EXAMPLES = flags.DEFINE_integer('kaggle_examples', 200_000, 'Training examples of a Kaggle-config run.')
 _ROOT = flags.DEFINE_string('root', '', 'Where the runs go (default: a temporary directory).')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results/loop.md', 'Where the table and raw figures go.')
 

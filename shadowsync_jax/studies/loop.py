@@ -12,7 +12,8 @@ stream), on one replica, with every other setting the config's own, `repeats` ti
   at its default ('auto'); its `examples_per_sec` (every step after the first block, the data read and placed
   while the blocks train, the hooks at every boundary);
 - (a) the step alone: the same block program (`train.make_train_block`, the K that (b) chose) dispatched back to
-  back on blocks of the same stream already on the device: what the device can do, nothing else;
+  back on blocks of the same stream already on the device, as many steps as (b) trained: what the device can do,
+  nothing else;
 - (c) the host's ceiling: (b) again with a block program that does no work (it returns the state it was given),
   at the same K: how many examples a second the loop and its input can feed;
 - (b') the loop again on the stream read into memory before training (K chosen anew): what the loop costs without
@@ -44,7 +45,7 @@ from shadowsync_jax.parallel import replicas
 
 TARGET_LOOP_SHARE = 0.9  # (b) >= 0.9 (a) (issue 42).
 TARGET_CEILING = 5_000_000  # (c) >= 5M examples/s for the synthetic stream.
-_TIMED_BLOCKS = 40  # Blocks of (a), after two that warm up.
+_DEVICE_BLOCKS = 64  # Blocks (a) places on the device, and cycles.
 
 
 def one_replica(make_config: Callable[[], ml_collections.ConfigDict], num_train: int, num_eval: int):
@@ -56,36 +57,32 @@ def one_replica(make_config: Callable[[], ml_collections.ConfigDict], num_train:
   return config
 
 
-def time_step_alone(config, steps_per_dispatch: int, timed_blocks: int = _TIMED_BLOCKS) -> float:
-  """(a): examples/sec of `train.make_train_block`'s program on full blocks of K steps already on the device."""
+def time_step_alone(config, steps_per_dispatch: int, timed_steps: int) -> float:
+  """(a): examples/sec of `train.make_train_block`'s program on full blocks of K steps already on the device, about
+  `timed_steps` steps (as many as the loop timed), the first `_DEVICE_BLOCKS` blocks of the stream cycled."""
   config = config_lib.resolve(config)
   meshes = replicas.make_meshes(config.num_replicas)
   state = train.init_replicated_state(config, meshes)
   train_block = train.make_train_block(config, meshes)
   source, _ = input_pipeline.make_sources(config.data, config.seed)
-  blocks_needed = min(
-    timed_blocks + 2, input_pipeline.num_steps(len(source), 1, config.batch_size) // steps_per_dispatch
-  )
-  steps_L = replicas.shard(np.full(1, steps_per_dispatch, np.int32), meshes.local)
+  available = input_pipeline.num_steps(len(source), 1, config.batch_size) // steps_per_dispatch
+  read = functools.partial(input_pipeline.read_block, source, 1, config.batch_size)
   blocks = [
-    replicas.shard(
-      input_pipeline.read_block(
-        source, 1, config.batch_size, i * steps_per_dispatch, steps_per_dispatch, steps_per_dispatch
-      ),
-      meshes.local,
-    )
-    for i in range(blocks_needed)
+    replicas.shard(read(i * steps_per_dispatch, steps_per_dispatch, steps_per_dispatch), meshes.local)
+    for i in range(max(1, min(_DEVICE_BLOCKS, available)))
   ]
+  steps_L = replicas.shard(np.full(1, steps_per_dispatch, np.int32), meshes.local)
   for block in blocks[:2]:  # Compile, warm up.
     state, metrics = train_block(state, block, steps_L)
   jax.block_until_ready((state, metrics))
+  num_blocks = max(1, timed_steps // steps_per_dispatch)
   started = time.perf_counter()
-  for block in blocks[2:]:
-    state, metrics = train_block(state, block, steps_L)
+  for i in range(num_blocks):
+    state, metrics = train_block(state, blocks[i % len(blocks)], steps_L)
   jax.block_until_ready((state, metrics))
   seconds = time.perf_counter() - started
   del state, blocks
-  return (blocks_needed - 2) * steps_per_dispatch * config.batch_size / seconds
+  return num_blocks * steps_per_dispatch * config.batch_size / seconds
 
 
 def _make_no_work_block(config, meshes):
@@ -145,7 +142,7 @@ def run(
     for repeat in range(repeats):
       loop = time_loop(make(), root / f'{name}_loop_{repeat}')
       steps_per_dispatch = loop['steps_per_dispatch']
-      step_alone = time_step_alone(make(), steps_per_dispatch)
+      step_alone = time_step_alone(make(), steps_per_dispatch, loop['train_steps'])
       gc.collect()
       no_work_config = make()
       no_work_config.train.steps_per_dispatch = steps_per_dispatch
