@@ -2,8 +2,8 @@ r"""The default experiment: one DLRM replica on the embedded synthetic stream (2
 
   python -m experiments.train --workdir=/tmp/default --config=experiments/configs/default.py
 
-Expected on a 2-core CPU: 30-40 s end to end on quiet cores; for seed 0 eval NE 0.8381 against a Bayes floor of
-0.8123 (+3.2%; every seed's figures and their mean: benchmarks/results/default_quality.md).
+Expected on a 2-core CPU: about 30 s end to end on quiet cores; for seed 0 eval NE 0.8379 against a Bayes floor of
+0.8123 (+3.1%; every seed's figures and their mean: benchmarks/results/default_quality.md).
 `--config=experiments/configs/default.py:tiny` is the ten-second variant the tests and colabs use: 64k examples,
 50-row tables; expected eval NE about 0.92 (floor about 0.83).
 """

@@ -558,3 +558,15 @@ def test_a_wait_for_a_late_peer_is_no_rounds_cost(monkeypatch):
     late.arrive.set()
   loop.wait_for_rounds(2)
   _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+
+
+def test_a_boundary_comes_within_a_quarter_of_the_pace():
+  """The loop dispatches blocks of steps; the driver asks for a boundary every quarter of its interval (in steps of
+  the measured step time), so a snapshot or a merge waits no longer for one; before a step time is known, none."""
+  driver = _driver('ma', 2, min_interval_s=1.0)
+  assert driver.next_due(100) is None
+  driver._pacer.observe_steps(0.05, 50, in_round=False)  # 1 ms steps.
+  assert driver.next_due(100) == 100 + 250
+  fast = _driver('ma', 2, min_interval_s=0.0)  # Rounds as fast as they go: a boundary every step.
+  fast._pacer.observe_steps(0.05, 50, in_round=False)
+  assert fast.next_due(100) == 101
