@@ -354,7 +354,7 @@ class RealFailures:
   def _calibrate(self, step: int, state_L: Any, driver: Any) -> None:
     """Measures a save and a restore with nothing in flight, and agrees with every process on the interval (and,
     under `cpr`, the mode): one exchange; process 0 writes the outcome into the history for the restarts."""
-    mean_step_s = (time.perf_counter() - self._timing[0]) / max(1, step - self._timing[1])
+    mean_step_s = self._mean_step_s(step)  # The steps' own pace: the loop's saves before this one left out.
     self._checkpointer.wait()
     started = time.perf_counter()
     tree = checkpointing.training_tree(state_L, self._local(driver.sync_state()))

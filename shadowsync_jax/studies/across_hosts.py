@@ -17,11 +17,11 @@ row's runs, all of one seed: they differ by timing alone; every run's in the raw
 hosts agreed on at the last round, and the bytes each host sent per step (from its interface counters); the plot:
 examples/sec against bandwidth, one line per algorithm.
 
-Changed from the defaults: each process pinned to a core, `train.progress_every_s`. The default problem's 2M
-examples (sync SGD at 100 Mbit/s takes 0.1 s a step; with the default 3 runs of every other row, each beside its
-`none` runs, the study takes about 50 minutes). `fr_ma` keeps the default `sync.every_k_steps` (10), the shadow
-algorithms the default pace (`sync.min_interval_s=auto`, `sync.max_overhead=0.05`). `sync_sgd` runs once: its NE is
-the reference and does not move between runs. Needs root and iproute2 (`shadowsync_jax.parallel.netns`).
+Changed from the defaults: each process pinned to a core, `train.progress_every_s`. The default problem's 2M examples
+(sync SGD at 100 Mbit/s takes 0.1 s a step; every other row runs 3 times by default, each beside its `none` runs: the
+result file says how long its runs took). `fr_ma` keeps the default `sync.every_k_steps` (10), the shadow algorithms the
+default pace (`sync.min_interval_s=auto`, `sync.max_overhead=0.05`). `sync_sgd` runs once: its NE is the reference and
+does not move between runs. Needs root and iproute2 (`shadowsync_jax.parallel.netns`).
 """
 
 import pathlib
@@ -125,8 +125,9 @@ def table(results: dict[tuple[str, str], dict]) -> str:
     else:
       ratio = spread.span(summary, 'vs_none_paired', '{:.2f}')
     ne = spread.span(summary, 'eval_ne_mean', '{:.4f}') if several else f'{summary["eval_ne"]:.4f}'
-    ne_gap = f'{100 * (summary.get("eval_ne_mean", summary["eval_ne"]) / reference["eval_ne"] - 1):+.2f}%'
-    ne_gap = ne_gap if reference else '-'
+    ne_gap = '-'
+    if reference:
+      ne_gap = f'{100 * (summary.get("eval_ne_mean", summary["eval_ne"]) / reference["eval_ne"] - 1):+.2f}%'
     gap, pace = summary['mean_sync_gap'], summary.get('sync_job_interval_s')
     sent = statistics.fmean(summary['net_bytes_sent']) / summary['train_steps'] / 1e3
     lines.append(

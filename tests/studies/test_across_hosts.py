@@ -27,3 +27,11 @@ def test_a_row_of_several_runs_gives_mean_and_range_one_run_its_value():
   assert '| 1gbit | none | 64 | 64 | 1.00 | 0.8500 (0.8500 to 0.8500) |' in text
   assert '| 1gbit | sync_sgd | 6 | 6 | 0.10 | 0.8400 | +0.00% |' in text
   assert '| 1gbit | shadow_ma | 63 | 63 | 0.95 (0.90 to 1.00) | 0.8370 (0.8360 to 0.8380) | -0.36% |' in text
+
+
+def test_a_study_without_sync_sgd_tables_no_ne_gap():
+  """`sync_sgd` is the NE reference; a study run without it (`--algorithms`) writes '-' where the gap would be."""
+  shadow = across_hosts.row([_summary(0.836, 60.0)], [60.0], [0.9])
+  none = across_hosts.row([_summary(0.85, 64.0)], [64.0], [1.0])
+  text = across_hosts.table({('1gbit', 'none'): none, ('1gbit', 'shadow_ma'): shadow})
+  assert '| 1gbit | shadow_ma | 60 | 60 | 0.90 | 0.8360 | - |' in text
