@@ -152,11 +152,12 @@ class ShadowSync:
     rounds.merge.lower(synced_L, synced_L, synced_L).compile()
     self._compiled = True
 
-  def next_due(self, step: int) -> int | None:
-    """A boundary within `FRESHNESS` of the pace (None until a step time is known: blocks as the loop plans)."""
+  def next_due(self, step: int) -> int:
+    """A boundary within `FRESHNESS` of the pace; until a step time is known, every `pacing.MIN_STEPS_MEASURED`
+    steps (blocks short enough that some fall between rounds, so that the pace gets measured at all)."""
     step_s = self._pacer.step_time_s()
     if step_s is None:
-      return None
+      return step + pacing.MIN_STEPS_MEASURED
     return step + max(1, int(FRESHNESS * self._interval_s / step_s))
 
   def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:

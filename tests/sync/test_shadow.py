@@ -562,9 +562,10 @@ def test_a_wait_for_a_late_peer_is_no_rounds_cost(monkeypatch):
 
 def test_a_boundary_comes_within_a_quarter_of_the_pace():
   """The loop dispatches blocks of steps; the driver asks for a boundary every quarter of its interval (in steps of
-  the measured step time), so a snapshot or a merge waits no longer for one; before a step time is known, none."""
+  the measured step time), so a snapshot or a merge waits no longer for one; before a step time is known, every few
+  steps, so that some blocks fall between rounds and the pace gets measured."""
   driver = _driver('ma', 2, min_interval_s=1.0)
-  assert driver.next_due(100) is None
+  assert driver.next_due(100) == 100 + pacing.MIN_STEPS_MEASURED
   driver._pacer.observe_steps(0.05, 50, in_round=False)  # 1 ms steps.
   assert driver.next_due(100) == 100 + 250
   fast = _driver('ma', 2, min_interval_s=0.0)  # Rounds as fast as they go: a boundary every step.
