@@ -227,7 +227,7 @@ class _Loop:
   def __init__(self, config, state, meshes, source, stop_step: int):
     self.state, self._config, self._meshes = state, config, meshes
     self._train_block = train.make_train_block(config, meshes)
-    self._plan = block_plan.BlockPlan(config.train.steps_per_dispatch, stop_step)
+    self._plan = block_plan.BlockPlan(train.steps_per_dispatch(config), stop_step)
     self._reader = input_pipeline.BlockReader(source, config.num_replicas, config.batch_size, self._plan.block_steps)
     self._examples_per_step = config.num_replicas * config.batch_size
     self._step, self._in_flight = 0, None
