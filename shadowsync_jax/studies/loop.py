@@ -19,15 +19,16 @@ stream), on one replica, with every other setting the config's own, `repeats` ti
 - (b') the loop again on the stream read into memory before training (K chosen anew): what the loop costs without
   its input's reading, so that (b') - (b) is the reading's share on this machine.
 
-The ratio (b)/(a) of each repeat is read as the loop's share of its step, its median with the range over the
-repeats; (c) in examples/sec. Each run trains `num_train_examples` of the stream and evaluates on
-`num_eval_examples` (both smaller than the configs' own, said in the note).
+The ratio (b)/(a) of each repeat is read as the loop's share of its step, its median with the range over the repeats;
+(c) in examples/sec. Each run (its directory deleted after, its summary kept) trains `num_train_examples` of the stream
+and evaluates on `num_eval_examples` (both smaller than the configs' own, said in the note).
 """
 
 from collections.abc import Callable, Mapping
 import functools
 import gc
 import pathlib
+import shutil
 import statistics
 import time
 from typing import Any
@@ -123,6 +124,7 @@ def time_loop(config, workdir: pathlib.Path, no_work: bool = False, in_memory: b
     return train.train_and_evaluate(config, workdir)
   finally:
     train.make_train_block, input_pipeline.make_sources = make_train_block, make_sources
+    shutil.rmtree(workdir, ignore_errors=True)  # Its checkpoints: 2.2 GB a run at Kaggle's size; the summary is kept.
     gc.collect()
 
 
