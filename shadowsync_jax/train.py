@@ -249,29 +249,69 @@ def _steps_are_collective(config: ml_collections.ConfigDict) -> bool:
   return config.sync.algorithm == 'sync_sgd' or config.sync.embedding_placement == 'sharded'
 
 
-def use_steps_per_dispatch(
-  config: ml_collections.ConfigDict,
-  plan: block_plan.BlockPlan,
-  reader: input_pipeline.BlockReader,
-  train_block,
-  state_L,
-  meshes,
-) -> tuple[Any, float]:
-  """Once 'auto' chose K: blocks of that many steps from now on, their program compiled now by a block of no step;
-  returns the state and the seconds that took (not training time). Where the steps are collectives of the job
-  (`_steps_are_collective`), K is the job's, the largest any process chose: every process dispatches the same
-  blocks. (Elsewhere each process keeps its own: an exchange here would wait for a peer whose shadow round waits
-  for this process's next boundary.)"""
-  started = time.perf_counter()
-  if jax.process_count() > 1 and _steps_are_collective(config):
-    plan.agree(distributed.exchange('steps_per_dispatch', plan.steps_per_dispatch))
-  if plan.steps_per_dispatch > reader.block_steps:  # A shorter K runs in the probe's program, part of it unused.
-    reader.resize(plan.steps_per_dispatch)
-    num_local = meshes.local.shape[replicas.REPLICA_AXIS]
-    nothing = (batch_lib.zeros(num_local, reader.block_steps, config.batch_size), np.zeros(num_local, np.int32))
-    state_L, metrics = train_block(state_L, *replicas.shard(nothing, meshes.local))
-    jax.block_until_ready((state_L, metrics))
-  return state_L, time.perf_counter() - started
+class BlockDispatcher:
+  """The loop's dispatching (DESIGN §13): plans each block (`block_plan`), takes its batches from the reader (read
+  while the block before trained), dispatches it, starts reading the next, and keeps one block in flight; while
+  'auto' probes, times the blocks, then compiles the K it chose. `train_and_evaluate` and the timed windows of
+  `studies.shadow_overhead` loop over it."""
+
+  def __init__(self, config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes, source, stop_step: int):
+    self._config, self._meshes = config, meshes
+    self._num_local = meshes.local.shape[replicas.REPLICA_AXIS]
+    first = jax.process_index() * self._num_local
+    self.plan = block_plan.BlockPlan(steps_per_dispatch(config), stop_step)
+    self.reader = input_pipeline.BlockReader(
+      source,
+      config.num_replicas,
+      config.batch_size,
+      self.plan.block_steps,
+      replicas=range(first, first + self._num_local),
+    )
+    self._train_block = make_train_block(config, meshes)
+    self._in_flight = None
+    self.paused_s = 0.0  # Compiling the K 'auto' chose: no training time.
+
+  def dispatch(self, state_L: Any, step: int, due_steps: list[int | None]) -> tuple[Any, dict, batch_lib.Batch, int]:
+    """(state, metrics, block, steps): the next block from `step`, cut at `due_steps`, dispatched; the block before
+    it done."""
+    steps = self.plan.next_block(step, due_steps)
+    probing, started = self.plan.probing, time.perf_counter()
+    block = self.reader.take(step, steps)
+    steps_L = np.full(self._num_local, steps, np.int32)
+    state_L, metrics = self._train_block(state_L, *replicas.shard((block, steps_L), self._meshes.local))
+    if step + steps < self.plan.stop_step:  # The next block is read while this one trains.
+      self.reader.prefetch(step + steps, min(self.reader.block_steps, self.plan.stop_step - step - steps))
+    # One block in flight, no more (DESIGN §3): the last one is done before this one's boundary, so a boundary's
+    # times are the device's pace and a snapshot or a save waits for one block at most.
+    jax.block_until_ready(self._in_flight)
+    self._in_flight = metrics
+    if probing:  # 'auto' times its first blocks; then every process dispatches blocks of the same K.
+      jax.block_until_ready(metrics)
+      self.plan.observe(steps, time.perf_counter() - started)
+      if self.plan.steps_per_dispatch is not None:
+        state_L = self._use_steps_per_dispatch(state_L)
+    return state_L, metrics, block, steps
+
+  def close(self) -> None:
+    self.reader.close()
+
+  def _use_steps_per_dispatch(self, state_L: Any) -> Any:
+    """Once 'auto' chose K: blocks of that many steps from now on, their program compiled now by a block of no step
+    (its time added to `paused_s`). Where the steps are collectives of the job (`_steps_are_collective`), K is the
+    job's, the largest any process chose: every process dispatches the same blocks. (Elsewhere each process keeps
+    its own: an exchange here would wait for a peer whose shadow round waits for this process's next boundary.)"""
+    started = time.perf_counter()
+    if jax.process_count() > 1 and _steps_are_collective(self._config):
+      self.plan.agree(distributed.exchange('steps_per_dispatch', self.plan.steps_per_dispatch))
+    if self.plan.steps_per_dispatch > self.reader.block_steps:  # A shorter K runs in the probe's program.
+      self.reader.resize(self.plan.steps_per_dispatch)
+      nothing = batch_lib.zeros(self._num_local, self.reader.block_steps, self._config.batch_size)
+      state_L, metrics = self._train_block(
+        state_L, *replicas.shard((nothing, np.zeros(self._num_local, np.int32)), self._meshes.local)
+      )
+      jax.block_until_ready((state_L, metrics))
+    self.paused_s += time.perf_counter() - started
+    return state_L
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
@@ -302,16 +342,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   sync_state = driver.initial_sync_state(state)
   recovery = recovery_policies.make(config, meshes, workdir, total_steps)  # It owns the checkpoints.
   state, sync_state, start_step = recovery.resume(state, sync_state)
-  train_block = make_train_block(config, meshes)
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
-  plan = block_plan.BlockPlan(steps_per_dispatch(config), stop_step)
-  reader = input_pipeline.BlockReader(
-    train_source,
-    num_replicas,
-    batch_size,
-    plan.block_steps,
-    replicas=range(process_index * num_local, (process_index + 1) * num_local),
-  )
+  blocks = BlockDispatcher(config, meshes, train_source, stop_step)
   writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
   log = _MetricLog(writer, config, examples_per_step)
   progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
@@ -321,20 +353,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   recovery.start(start_step, state, sync_state)
   if log.logs_between(start_step, stop_step):  # Compiled before the steps, not among the timed ones.
     replicas.replica_divergence.lower(_replicated_part(state.params, config)).compile()
-  step, timed_start, timed_steps, paused_s, startup_s, in_flight = start_step, None, 0, 0.0, None, None
+  step, timed_start, timed_steps, startup_s = start_step, None, 0, None
   try:
     while step < stop_step:
       hooks_due = [driver.next_due(step), recovery.next_due(step), log.next_due(step), delay.next_due(step, start_step)]
-      steps = plan.next_block(step, hooks_due)
-      probing, started = plan.probing, time.perf_counter()
-      block = reader.take(step, steps)
-      state, metrics = train_block(state, *replicas.shard((block, np.full(num_local, steps, np.int32)), meshes.local))
-      if step + steps < stop_step:  # The next block is read while this one trains.
-        reader.prefetch(step + steps, min(reader.block_steps, stop_step - step - steps))
-      # One block in flight, no more (DESIGN §3): the last one is done before this one's boundary, so a boundary's
-      # times are the device's pace and a snapshot or a save waits for one block at most.
-      jax.block_until_ready(in_flight)
-      in_flight = metrics
+      state, metrics, block, steps = blocks.dispatch(state, step, hooks_due)
       step += steps
       if timed_start is None:  # The first block (one step) compiles: examples/sec counts from its end.
         jax.block_until_ready(metrics)
@@ -342,12 +365,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         startup_s = time.time() - psutil.Process().create_time()  # From the process's start: imports, init, compile.
       else:
         timed_steps += steps
-      if probing:  # 'auto' times its first blocks; then every process dispatches blocks of the same K.
-        jax.block_until_ready(metrics)
-        plan.observe(steps, time.perf_counter() - started)
-        if plan.steps_per_dispatch is not None:
-          state, compile_s = use_steps_per_dispatch(config, plan, reader, train_block, state, meshes)
-          paused_s += compile_s
       delay.after_block(metrics, steps)
       state = driver.at_boundary(step, state, steps)
       loop_work_start = time.perf_counter()
@@ -361,13 +378,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     log.flush()
     jax.block_until_ready(state)
     # This process's own pace: the time it waits below for slower processes is not part of it.
-    timed_seconds = time.perf_counter() - timed_start - paused_s if timed_start is not None else 0.0
+    timed_seconds = time.perf_counter() - timed_start - blocks.paused_s if timed_start is not None else 0.0
   except BaseException as error:
     recovery.on_error(error, step, state, driver)  # A collective that lost its partner: save and exit there.
     driver.finish(state, abandon=True)
     raise
   finally:
-    reader.close()
+    blocks.close()
   distributed.report(step, 'finish')  # It may wait long below for slower processes: no peer takes it for hung.
   state = driver.finish(state)  # Shadow rounds end together on every process: cross-process calls are safe below.
   distributed.wait_for_every_process('trained')  # Without rounds, a fast process may be far ahead of a slow one.
@@ -400,7 +417,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     'examples_per_sec': sum(examples_per_sec_per_process) if timed_seconds > 0 else None,
     'examples_per_sec_per_process': examples_per_sec_per_process,
     'startup_s': startup_s,  # Process 0's, from its start to its first step done (None: no step was run).
-    **plan.stats(),  # steps_per_dispatch (K), and what 'auto' measured to choose it
+    **blocks.plan.stats(),  # steps_per_dispatch (K), and what 'auto' measured to choose it
     'net_bytes_sent': net_bytes_sent,  # Per process; null on 127.0.0.1 (parallel/network.py).
     'net_bytes_received': net_bytes_received,
     'train_examples': step * examples_per_step,

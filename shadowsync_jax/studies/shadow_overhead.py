@@ -38,7 +38,6 @@ import jax
 import ml_collections
 import numpy as np
 
-from shadowsync_jax import block_plan
 from shadowsync_jax import config as config_lib
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
@@ -220,44 +219,27 @@ def note(variant: str, base: ml_collections.ConfigDict, settings: Settings, algo
 
 
 class _Loop:
-  """The training loop of `train.train_and_evaluate`, without metrics or checkpoints: blocks of steps planned as
-  there (`block_plan`, the config's `train.steps_per_dispatch`, 'auto' measured in the warm-up), the next one read
-  while one trains, nothing read back, the driver at every boundary."""
+  """The training loop of `train.train_and_evaluate`, without metrics or checkpoints: its `train.BlockDispatcher`
+  (blocks planned as there, 'auto' measured in the warm-up, the next one read while one trains, one in flight), the
+  driver at every boundary."""
 
   def __init__(self, config, state, meshes, source, stop_step: int):
-    self.state, self._config, self._meshes = state, config, meshes
-    self._train_block = train.make_train_block(config, meshes)
-    self._plan = block_plan.BlockPlan(train.steps_per_dispatch(config), stop_step)
-    self._reader = input_pipeline.BlockReader(source, config.num_replicas, config.batch_size, self._plan.block_steps)
+    self.state = state
+    self._blocks = train.BlockDispatcher(config, meshes, source, stop_step)
     self._examples_per_step = config.num_replicas * config.batch_size
-    self._step, self._in_flight = 0, None
+    self._step = 0
 
   def run(self, steps: int, driver: sync_drivers.SyncDriver | None) -> float:
     """`steps` steps (with `driver.at_boundary` after each block, if given); returns their examples/sec."""
     start, end = time.perf_counter(), self._step + steps
-    num_replicas = self._config.num_replicas
     while self._step < end:
-      n = self._plan.next_block(self._step, [end, driver.next_due(self._step) if driver is not None else None])
-      probing, started = self._plan.probing, time.perf_counter()
-      block = self._reader.take(self._step, n)
-      steps_R = np.full(num_replicas, n, np.int32)
-      self.state, metrics = self._train_block(self.state, *replicas.shard((block, steps_R), self._meshes.local))
+      due = [end, driver.next_due(self._step) if driver is not None else None]
+      self.state, _, _, n = self._blocks.dispatch(self.state, self._step, due)
       self._step += n
-      jax.block_until_ready(self._in_flight)  # One block in flight, as in training.
-      self._in_flight = metrics
-      if self._step < self._plan.stop_step:
-        self._reader.prefetch(self._step, min(self._reader.block_steps, self._plan.stop_step - self._step))
-      if probing:
-        jax.block_until_ready(metrics)
-        self._plan.observe(n, time.perf_counter() - started)
-        if self._plan.steps_per_dispatch is not None:
-          self.state, _ = train.use_steps_per_dispatch(
-            self._config, self._plan, self._reader, self._train_block, self.state, self._meshes
-          )
       if driver is not None:
         self.state = driver.at_boundary(self._step, self.state, n)
     jax.block_until_ready(self.state)
     return steps * self._examples_per_step / (time.perf_counter() - start)
 
   def close(self) -> None:
-    self._reader.close()
+    self._blocks.close()
