@@ -83,6 +83,8 @@ def main(argv):
   from shadowsync_jax.parallel.exit_codes import UNRECOVERABLE  # pylint: disable=g-import-not-at-top
   from shadowsync_jax.recovery import real as real_failures  # pylint: disable=g-import-not-at-top
 
+  if FLAGS.num_processes == 1:  # The device count too, before a private API's version warning can print.
+    config_lib.validate(FLAGS.config, num_devices=jax.device_count(), num_processes=1)
   cache_dir = compilation_cache.directory_for(FLAGS.compilation_cache_dir, f'{FLAGS.workdir}/compilation_cache')
   if cache_dir:
     compilation_cache.enable(cache_dir, FLAGS.process_id)

@@ -93,6 +93,21 @@ def test_train_refuses_a_bad_config_in_one_line_with_exit_status_2(tmp_path, arg
   assert not list(tmp_path.iterdir()), 'nothing may be written for a refused config'
 
 
+def test_a_refused_replica_count_is_one_line_under_other_jax_versions(tmp_path):
+  """The device count is checked before anything that uses a private API (whose version warning would print
+  first under a jax other than the pinned one)."""
+  argv = ['experiments.train', f'--workdir={tmp_path}', TINY, '--config.num_replicas=9']
+  result = _python(
+    '-c',
+    'import runpy, sys; from shadowsync_jax.parallel import private_apis; '
+    "private_apis.WRITTEN_FOR['jax'] = '0.0.1'; "
+    f'sys.argv = {argv!r}; runpy.run_module("experiments.train", run_name="__main__")',
+  )
+  assert result.returncode == cli.USAGE_EXIT_CODE, result.stderr
+  lines = (result.stdout + result.stderr).strip().splitlines()
+  assert len(lines) == 1 and 'num_replicas=9' in lines[0], lines
+
+
 @pytest.mark.parametrize('interval, expected', [('0.2', 0.2), ('auto', None)])
 def test_the_shadow_interval_is_seconds_or_auto_on_the_command_line(tmp_path, interval, expected):
   """`sync.min_interval_s` defaults to the string 'auto'; a number still parses as seconds. The summary says which

@@ -86,18 +86,22 @@ def by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
   highest) of the overhead (% of the failure-free time, and over full recovery's on the same seed), of the NE's
   difference to its seed's reference, of the failures met and of the actual PLS; `recovered_as` lists what `cpr`
   ran as, a seed each."""
-  modes: dict[str, dict[str, Any]] = {}
-  for mode in dict.fromkeys(r['recovery_mode'] for r in rows if r['recovery_mode'] != 'none'):
-    runs = [r for r in rows if r['recovery_mode'] == mode]
-    figures = {
+
+  def figures(runs: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    return {
       'overhead_pct': [r['recovery_overhead_pct'] for r in runs],
       'overhead_vs_full': [overhead_vs_full(r, rows) for r in runs],
       'ne_vs_reference_pct': [ne_vs_reference_pct(r, rows) for r in runs],
       'failures': [r['num_failures'] for r in runs],
       'actual_pls': [r['actual_pls'] for r in runs],
     }
+
+  failed = [r for r in rows if r['recovery_mode'] != 'none']
+  modes = spread.by_group(failed, lambda r: r['recovery_mode'], figures)
+  for mode, mode_figures in modes.items():
+    runs = [r for r in failed if r['recovery_mode'] == mode]
     modes[mode] = {'seeds': [r.get('seed') for r in runs], 'recovered_as': [r.get('recovered_as') for r in runs]}
-    modes[mode].update(spread.mean_and_range(figures))
+    modes[mode].update(mode_figures)
   return modes
 
 

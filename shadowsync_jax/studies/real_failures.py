@@ -145,22 +145,24 @@ def by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
   """Per mode over its kill seeds: the mean and range of the checkpoint-related overhead (% of the steps' time, and
   over full recovery's on the same seed), the restart overhead, the wall-clock overhead, and the eval NE (and its
   difference to the reference's)."""
-  reference = rows[0]
-  modes: dict[str, dict[str, Any]] = {}
-  for mode in dict.fromkeys(r['mode'] for r in rows[1:]):
-    runs = [r for r in rows[1:] if r['mode'] == mode]
-    figures = {
-      'checkpoint_overhead_pct': [r['recovery_checkpoint_overhead_pct'] for r in runs],
-      'checkpoint_overhead_vs_full': [vs_full(r, rows) for r in runs],
-      'restart_overhead_pct': [r['recovery_restart_overhead_pct'] for r in runs],
-      'wall_overhead_pct': [r['overhead_pct'] for r in runs],
-      'eval_ne': [r['eval_ne'] for r in runs],
-      'ne_vs_reference_pct': [r['ne_vs_reference_pct'] for r in runs],
-      'failures': [r['num_failures'] for r in runs],
-      'seconds_per_restart': [s for r in runs for s in _restart_s(r)],
+  reference, runs = rows[0], rows[1:]
+
+  def figures(mode_runs: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    return {
+      'checkpoint_overhead_pct': [r['recovery_checkpoint_overhead_pct'] for r in mode_runs],
+      'checkpoint_overhead_vs_full': [vs_full(r, rows) for r in mode_runs],
+      'restart_overhead_pct': [r['recovery_restart_overhead_pct'] for r in mode_runs],
+      'wall_overhead_pct': [r['overhead_pct'] for r in mode_runs],
+      'eval_ne': [r['eval_ne'] for r in mode_runs],
+      'ne_vs_reference_pct': [r['ne_vs_reference_pct'] for r in mode_runs],
+      'failures': [r['num_failures'] for r in mode_runs],
+      'seconds_per_restart': [s for r in mode_runs for s in _restart_s(r)],
     }
-    modes[mode] = {'kill_seeds': [r['kill_seed'] for r in runs], **spread.mean_and_range(figures)}
-    modes[mode]['reference_eval_ne'] = reference['eval_ne']
+
+  modes = spread.by_group(runs, lambda r: r['mode'], figures)
+  for mode, mode_figures in modes.items():
+    seeds = [r['kill_seed'] for r in runs if r['mode'] == mode]
+    modes[mode] = {'kill_seeds': seeds, **mode_figures, 'reference_eval_ne': reference['eval_ne']}
   return modes
 
 
