@@ -299,10 +299,11 @@ class BlockDispatcher:
     """Once 'auto' chose K: blocks of that many steps from now on, their program compiled now by a block of no step
     (its time added to `paused_s`). Where the steps are collectives of the job (`_steps_are_collective`), K is the
     job's, the largest any process chose: every process dispatches the same blocks. (Elsewhere each process keeps
-    its own: an exchange here would wait for a peer whose shadow round waits for this process's next boundary.)"""
-    started = time.perf_counter()
+    its own: an exchange here would wait for a peer whose shadow round waits for this process's next boundary.)
+    The exchange's wait for a slower peer is training time, as a step's wait in a collective is: not paused."""
     if jax.process_count() > 1 and _steps_are_collective(self._config):
       self.plan.agree(distributed.exchange('steps_per_dispatch', self.plan.steps_per_dispatch))
+    started = time.perf_counter()
     if self.plan.steps_per_dispatch > self.reader.block_steps:  # A shorter K runs in the probe's program.
       self.reader.resize(self.plan.steps_per_dispatch)
       nothing = batch_lib.zeros(self._num_local, self.reader.block_steps, self._config.batch_size)
