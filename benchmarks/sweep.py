@@ -14,8 +14,8 @@ curves. Rerunning with the same OUTPUT_DIR reads finished cells back and trains 
 
 On 2 CPU cores the default grid (25 cells) takes a few minutes; docs/studies/sweep.md reads the latest result
 (benchmarks/results/sweep/). R replicas are R virtual CPU devices sharing the cores, so examples/sec does not grow
-with R here (DESIGN §6); read the throughput figure's ratio to `none` instead. The finished CSV's lines above its
-header say the command, the commit and the machine.
+with R here (docs/design.md §6); read the throughput figure's ratio to `none` instead. The finished CSV's lines
+above its header say the command, the commit and the machine.
 """
 
 import os
@@ -111,7 +111,7 @@ def main(argv):
   if jax.devices()[0].platform == 'cpu':
     note = (
       f"R replicas = R virtual CPU devices sharing this machine's {os.cpu_count()} cores: total examples/sec "
-      'cannot grow with R here (DESIGN §6); read the ratio to none.'
+      'cannot grow with R here (docs/design.md §6); read the ratio to none.'
     )
   rows = sweep.run(
     cells,

@@ -1,4 +1,4 @@
-"""How many training steps each dispatch runs: blocks of K steps, cut where an event falls (DESIGN §13).
+"""How many training steps each dispatch runs: blocks of K steps, cut where an event falls (docs/design.md §13).
 
   plan = block_plan.BlockPlan(steps_per_dispatch='auto', stop_step=7812, max_steps=64)
   step = 0

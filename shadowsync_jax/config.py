@@ -6,7 +6,7 @@
   config_lib.validate(config, num_devices=len(jax.devices()))   # ConfigError naming the key, or None
 
 Experiment configs (`experiments/configs/*.py`) start from `base_config()` and change values, so every config has
-every key (DESIGN §9) and a typo in a config file or a `--config.KEY=VALUE` override is caught here, by name.
+every key (docs/design.md §9) and a typo in a config file or a `--config.KEY=VALUE` override is caught here, by name.
 """
 
 import difflib
@@ -138,7 +138,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.optimizer.embedding_learning_rate = 0.05
 
   config.sync = ml_collections.ConfigDict()
-  config.sync.algorithm = 'none'  # One of SYNC_ALGORITHMS (DESIGN §3).
+  config.sync.algorithm = 'none'  # One of SYNC_ALGORITHMS (docs/design.md §3).
   config.sync.every_k_steps = 10  # Foreground algorithms: steps between blocking rounds.
   # Shadow algorithms: least seconds between the starts of two background rounds, or 'auto': paced, as the run
   # measures what rounds cost, to cost the trainers at most sync.max_overhead (sync/pacing.py). Typed `object` so
@@ -150,8 +150,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.sync.block_lr = 1.0  # bmuf: zeta, the block learning rate.
   config.sync.nesterov = False  # bmuf: replicas restart from g + eta D instead of g.
   config.sync.what = 'all'  # What a round syncs: 'all' (MLP weights and embedding tables) or 'dense' (MLP only).
-  # Where the tables live (DESIGN §4; model/table_placement.py): 'replicated' (a table per replica), 'shared' (one
-  # table per process, a copy on each of its devices, updated every step by all its replicas' gradients),
+  # Where the tables live (docs/design.md §4; model/table_placement.py): 'replicated' (a table per replica),
+  # 'shared' (one table per process, a copy on each of its devices, updated every step by all its replicas' gradients),
   # 'sharded' (each table's rows spread over every replica's device of the job, each row held once; lookups and
   # updates are collectives in every step, so the processes step together; rounds sync the dense part alone), or
   # 'auto': 'sharded' for tables above AUTO_SHARDED_TABLE_BYTES (256 MB) when there are several replicas, else
@@ -167,7 +167,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.straggler.warmup_steps = 100  # Its first steps after the compiling one, slower than steady ones: not timed.
   config.straggler.calibration_steps = 100  # Then timed, not slowed: their mean is its own step time.
 
-  # Emulated failures and how the run recovers from them (DESIGN §7, CPR: Maeng et al., MLSys 2021).
+  # Emulated failures and how the run recovers from them (docs/design.md §7, CPR: Maeng et al., MLSys 2021).
   config.recovery = ml_collections.ConfigDict()
   config.recovery.mode = 'none'  # 'none', 'full', 'partial', 'cpr_mfu', 'cpr_ssu' or 'cpr' (chooses): how a run
   # recovers from failures; in one process they are emulated (below), across processes real (a process dies).
@@ -187,7 +187,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.recovery.priority_every_steps = 0  # cpr_*: steps between priority saves; 0 = a quarter of the interval.
   config.recovery.ssu_sample_rate = 0.05  # cpr_ssu: the share of lookups counted.
 
-  # gba / async_sgd (DESIGN §8; GBA: Su et al., NeurIPS 2022): the server's staleness rule; in one process the
+  # gba / async_sgd (docs/design.md §8; GBA: Su et al., NeurIPS 2022): the server's staleness rule; in one process the
   # emulated worker step times that order the gradients' arrivals (gba/emulated.py); across processes the workers
   # run for real and a thread exchanges their gradients (gba/processes.py; stragglers: straggler.process).
   config.gba = ml_collections.ConfigDict()

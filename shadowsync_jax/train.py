@@ -8,13 +8,13 @@
 
 `train_and_evaluate` validates the config before anything compiles, resumes from the newest checkpoints in
 `workdir/checkpoints` if there are any, streams scalars to `workdir` (TensorBoard events and `metrics.jsonl`),
-prints a progress line, and writes `workdir/summary.json` (DESIGN §9) when the stream is done. The recovery policy
-owns the checkpoints (`recovery.policies`): in one process with `recovery.mode` set, failures are emulated and
+prints a progress line, and writes `workdir/summary.json` (docs/design.md §9) when the stream is done. The recovery
+policy owns the checkpoints (`recovery.policies`): in one process with `recovery.mode` set, failures are emulated and
 recovered from at block boundaries; otherwise failures are real, and a job started again restores what its
-restart plan says (DESIGN §7).
+restart plan says (docs/design.md §7).
 
-The loop dispatches blocks of steps (DESIGN §13): `block_plan` sizes each (K steps, or fewer where a hook is due:
-a log step, a checkpoint, a round, a failure), `input_pipeline.BlockReader` reads the next block while this one
+The loop dispatches blocks of steps (docs/design.md §13): `block_plan` sizes each (K steps, or fewer where a hook is
+due: a log step, a checkpoint, a round, a failure), `input_pipeline.BlockReader` reads the next block while this one
 trains, `make_train_block` runs a block in one dispatch, and the hooks act at its boundary (`next_due`,
 `at_boundary`). Nothing is read back from the device inside a block: the losses wait on the device for the next
 metric write.
@@ -182,7 +182,8 @@ class _MetricLog:
   """The metric stream's writes (train loss, examples/sec, replica divergence, the driver's statistics) every
   `train.log_every_steps` steps (a block ends there) or `train.log_every_s` seconds (at the first boundary after).
   The blocks' losses stay on the device, and a write reads them one block late, at the next boundary, when the next
-  block is already dispatched (DESIGN §13: nothing read back inside a block, no bubble in the device's queue)."""
+  block is already dispatched (docs/design.md §13: nothing read back inside a block, no bubble in the device's
+  queue)."""
 
   def __init__(self, writer: metric_writer.MetricWriter, config: ml_collections.ConfigDict, examples_per_step: int):
     self._writer, self._config, self._examples_per_step = writer, config, examples_per_step
@@ -250,8 +251,8 @@ def _steps_are_collective(config: ml_collections.ConfigDict) -> bool:
 
 
 class BlockDispatcher:
-  """The loop's dispatching (DESIGN §13): plans each block (`block_plan`), takes its batches from the reader (read
-  while the block before trained), dispatches it, starts reading the next, and keeps one block in flight; while
+  """The loop's dispatching (docs/design.md §13): plans each block (`block_plan`), takes its batches from the reader
+  (read while the block before trained), dispatches it, starts reading the next, and keeps one block in flight; while
   'auto' probes, times the blocks, then compiles the K it chose. `train_and_evaluate` and the timed windows of
   `studies.shadow_overhead` loop over it."""
 
@@ -281,7 +282,7 @@ class BlockDispatcher:
     state_L, metrics = self._train_block(state_L, *replicas.shard((block, steps_L), self._meshes.local))
     if step + steps < self.plan.stop_step:  # The next block is read while this one trains.
       self.reader.prefetch(step + steps, min(self.reader.block_steps, self.plan.stop_step - step - steps))
-    # One block in flight, no more (DESIGN §3): the last one is done before this one's boundary, so a boundary's
+    # One block in flight, no more (docs/design.md §3): the last one is done before this one's boundary, so a boundary's
     # times are the device's pace and a snapshot or a save waits for one block at most.
     jax.block_until_ready(self._in_flight)
     self._in_flight = metrics
@@ -324,7 +325,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   num_processes, process_index = jax.process_count(), jax.process_index()
   config = config_lib.resolve(config, num_processes)
   config_lib.validate(config, num_devices=len(jax.devices()), num_processes=num_processes)
-  if config.sync.algorithm in config_lib.PARAMETER_SERVER_ALGORITHMS:  # One server model (DESIGN §8).
+  if config.sync.algorithm in config_lib.PARAMETER_SERVER_ALGORITHMS:  # One server model (docs/design.md §8).
     # One process: its workers in emulated time; several: the job's replicas as workers, for real.
     return (gba_processes if num_processes > 1 else gba_emulated).train_and_evaluate(config, workdir)
   traffic = network.TrafficCounter()  # Bytes this process puts on the wire (null on 127.0.0.1).

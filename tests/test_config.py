@@ -21,7 +21,7 @@ def _config(**overrides):
   return config
 
 
-# The keys every config has (DESIGN §9).
+# The keys every config has (docs/design.md §9).
 CONTRACT_KEYS = (
   'num_replicas',
   'seed',

@@ -1,5 +1,6 @@
 """The README and docs stay true: the quick start is short and gives the two commands, every relative link
-resolves, and every table embedded from a study's result file is the one the study wrote."""
+resolves (to a heading, where it names one), every design reference names a section of docs/design.md, and every
+table embedded from a study's result file is the one the study wrote."""
 
 import pathlib
 import re
@@ -33,6 +34,44 @@ def test_every_relative_link_resolves():
       if not path.exists():
         broken.append(f'{page.relative_to(REPO_ROOT)} -> {target}')
   assert not broken, broken
+
+
+def _anchors(page: pathlib.Path) -> set[str]:
+  """The anchors GitHub gives a page's headings: lowercased, punctuation dropped, spaces as hyphens."""
+  text = re.sub(r'```.*?```', '', page.read_text(), flags=re.S)
+  headings = re.findall(r'^#{1,6} (.*)$', text, re.M)
+  return {re.sub(r'[^\w\- ]', '', heading.strip().lower()).replace(' ', '-') for heading in headings}
+
+
+def test_every_link_to_a_heading_finds_it():
+  broken = []
+  for page in PAGES:
+    for target in _LINK.findall(page.read_text()):
+      path, _, anchor = target.partition('#')
+      if re.match(r'[a-z]+://', target) or not anchor:
+        continue
+      destination = (page.parent / path).resolve() if path else page
+      if destination.suffix == '.md' and anchor not in _anchors(destination):
+        broken.append(f'{page.relative_to(REPO_ROOT)} -> {target}')
+  assert not broken, broken
+
+
+def test_every_design_reference_names_a_section_of_the_design_page():
+  """Code and pages cite the design page by section (`docs/design.md §n`, `[design §n](design.md#...)`); the page
+  is in the repository, and nothing points outside it (the workspace's `../shared`)."""
+  sections = set(re.findall(r'^## (\d+)\. ', (REPO_ROOT / 'docs' / 'design.md').read_text(), re.M))
+  assert sections == {str(n) for n in range(1, 14)}, sorted(sections, key=int)
+  problems = []
+  files = [*PAGES, *REPO_ROOT.glob('colabs/*.ipynb')]
+  files += [f for d in ('shadowsync_jax', 'experiments', 'benchmarks', 'tests') for f in (REPO_ROOT / d).rglob('*.py')]
+  for path in files:
+    text = path.read_text()
+    name = path.relative_to(REPO_ROOT)
+    problems += [f'{name}: §{n}' for n in re.findall(r'design(?:\.md)? §(\d+)', text) if n not in sections]
+    outside = 'DESIGN' in text or '../shared' in text
+    if outside and path.name not in ('test_criteo_source.py', 'test_docs.py'):  # An optional sample; this check.
+      problems.append(f'{name}: points outside the repository')
+  assert not problems, problems
 
 
 def test_every_embedded_result_table_is_the_one_its_study_wrote():

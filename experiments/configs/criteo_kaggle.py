@@ -9,8 +9,8 @@ top 367-512-256-1, SGD at 0.1, batch 128. Prepare once, then train from the prep
   python -m experiments.train --config=experiments/configs/criteo_kaggle.py --workdir=/tmp/kaggle
 
 The tables hold 33.8M rows, 2.2 GB at width 16: one replica holds them whole (about 3 GB of memory in all); several
-replicas hold them sharded (`sync.embedding_placement='auto'`: each row once in the job, DESIGN §4), e.g. 8 replicas
-as 2 processes x 4 devices:
+replicas hold them sharded (`sync.embedding_placement='auto'`: each row once in the job, docs/design.md §4), e.g.
+8 replicas as 2 processes x 4 devices:
 
   python -m experiments.launch --num_processes=2 --cpu_devices=4 -- --workdir=/tmp/kaggle8 \
       --config=experiments/configs/criteo_kaggle.py --config.num_replicas=8 --config.sync.algorithm=shadow_ma

@@ -11,7 +11,7 @@ replicas of 8,192). Prepare once (day_N.gz as Criteo ships them, or gunzipped), 
   python -m experiments.train --config=experiments/configs/criteo_terabyte.py --workdir=/tmp/terabyte
 
 The tables hold 204M rows: 105 GB of float32 at width 128, 13 GB at width 16. They are sharded over the replicas'
-devices (`sync.embedding_placement='auto'`: each row held once in the job, DESIGN §4), so the full variants need
+devices (`sync.embedding_placement='auto'`: each row held once in the job, docs/design.md §4), so the full variants need
 machines that hold 105 GB between them, and `dim16` trains here, on 8 replicas as 2 processes x 4 devices:
 
   python -m experiments.launch --num_processes=2 --cpu_devices=4 -- --workdir=/tmp/terabyte16 \

@@ -1,4 +1,4 @@
-r"""The GBA study's setting: the default problem on 8 workers of batch 64, 1M examples (DESIGN §8).
+r"""The GBA study's setting: the default problem on 8 workers of batch 64, 1M examples (docs/design.md §8).
 
   python -m benchmarks.gba_study [--config=experiments/configs/gba.py[:tiny]] [--config.gba.KEY=VALUE ...]
 

@@ -1,4 +1,4 @@
-r"""The CPR study's extra setting, beside the defaults: more shards and a larger PLS budget (DESIGN §7).
+r"""The CPR study's extra setting, beside the defaults: more shards and a larger PLS budget (docs/design.md §7).
 
   python -m benchmarks.recovery --config=experiments/configs/recovery.py[:tiny] \
       --out=benchmarks/results/recovery_8_shards_pls_0.02.md

@@ -7,7 +7,7 @@
   eval_set = input_pipeline.eval_batch(eval_source, config.data.num_eval_examples)
   p_true = input_pipeline.eval_true_probability(eval_source, config.data.num_eval_examples)  # None for real data
 
-Layout (DESIGN §5): the training stream holds N examples in order. Global step s covers examples
+Layout (docs/design.md §5): the training stream holds N examples in order. Global step s covers examples
 [s R B, (s + 1) R B), and replica r reads [s R B + r B, s R B + (r + 1) B): disjoint, in stream order and aligned in
 time across replicas. There are N // (R B) steps; a leftover shorter than a global step is not trained on. The
 position in the stream is the step, so a run resumed from a checkpoint at step k passes `start_step=k`.
@@ -171,7 +171,7 @@ def read_block(
 
 class BlockReader:
   """Blocks of the training stream (`read_block`) read one ahead, in a thread of their own, while the current block
-  trains (DESIGN §13: double buffering).
+  trains (docs/design.md §13: double buffering).
 
     reader = BlockReader(source, num_replicas, batch_size, block_steps=8, replicas=range(0, 4))
     reader.prefetch(step, n)            # starts reading steps [step, step + n)

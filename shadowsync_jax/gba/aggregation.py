@@ -1,4 +1,4 @@
-"""GBA's math: staleness decay and global-batch aggregation (DESIGN §8).
+"""GBA's math: staleness decay and global-batch aggregation (docs/design.md §8).
 
   weight_K = aggregation.staleness_weights(staleness_K, threshold=2, decay=0.5)   # 1 up to the threshold, then decays
   mlp_grads, row_ids_N, row_grads_NxD = aggregation.aggregate(mlp_grads_K, row_ids_K, row_grads_K, weight_K,

@@ -1,4 +1,4 @@
-"""GBA and async SGD in one process: a parameter server and R workers, their arrival order emulated (DESIGN §8).
+"""GBA and async SGD in one process: a parameter server and R workers, their arrival order emulated (docs/design.md §8).
 
   config.sync.algorithm = 'gba'                      # or 'async_sgd'; config.gba holds the step-time emulation
   summary = emulated.train_and_evaluate(config, workdir)   # train.train_and_evaluate dispatches here

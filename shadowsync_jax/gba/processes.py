@@ -5,17 +5,17 @@
 
 The one-process `emulated` orders its workers' pushes by emulated step times; here the workers are the job's R
 replicas, L on each process, really running at their own pace (a straggler: `straggler.process`/`slowdown`). The
-server of DESIGN §8 is kept as one identical copy per process (a `server.Server`):
+server of docs/design.md §8 is kept as one identical copy per process (a `server.Server`):
 
 - the training loop (each process's L workers, one vmapped gradient per local step) takes the newest server params
   and global step g (the token), computes its L gradients on them and pushes them to the process's outbox. It
   never issues a collective. It waits while `gba.max_in_flight_steps` of its steps are not yet in the server copy:
   with 1 (the default) a worker pushes, then pulls a server that holds its gradient, as a parameter-server worker
   does; more overlaps computing with the exchange, at the price of staleness;
-- the exchange thread, the only issuer of cross-process collectives (DESIGN §3), loops rounds: it takes everything
-  in the outbox, gathers every process's part (one all-gather of a `Codec`-packed array: the gradients and whether
-  the process is done), and feeds them to its server copy in one order that every process shares (by process,
-  then local step, then worker). Every copy applies the same gradients in the same order with the same jitted
+- the exchange thread, the only issuer of cross-process collectives (docs/design.md §3), loops rounds: it takes
+  everything in the outbox, gathers every process's part (one all-gather of a `Codec`-packed array: the gradients
+  and whether the process is done), and feeds them to its server copy in one order that every process shares (by
+  process, then local step, then worker). Every copy applies the same gradients in the same order with the same jitted
   function, so all stay one model: bit for bit on CPU, where XLA is deterministic; the summary's
   `consensus_fingerprint_per_process` shows it (on GPUs scatter-adds are not deterministic and the copies may
   drift apart by rounding, which the fingerprints would show; not tried on a GPU).

@@ -158,7 +158,7 @@ def server_summary(
   examples_per_sec_per_process: list[float | None],
   lost_tokens: int,
 ) -> dict[str, Any]:
-  """The summary.json keys of train.py (DESIGN §9) for a run of one server model, and the server's statistics."""
+  """The summary.json keys of train.py (docs/design.md §9) for a run of one server model, and the server's stats."""
   total_steps = input_pipeline.num_steps(config.data.num_train_examples, config.num_replicas, config.batch_size)
   known = [x for x in examples_per_sec_per_process if x is not None]
   return {

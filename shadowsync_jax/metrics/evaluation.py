@@ -5,9 +5,9 @@
   results = evaluation.evaluate(config, evaluation.one_model(config, params), eval_source)   # host params
 
 `predict` gives the click probabilities of the consensus model (row 0: the replica mean, the EA center, or the
-single model of sync SGD, DESIGN §3; `sync.consensus.make_predict` computes them where the model lives) and, with
-`config.train.eval_per_replica`, of every replica (rows 1..R). `bayes_ne` is the NE of the teacher's true click
-probabilities on the same examples (synthetic data, and Criteo files generated from it), None for real data.
+single model of sync SGD, docs/design.md §3; `sync.consensus.make_predict` computes them where the model lives)
+and, with `config.train.eval_per_replica`, of every replica (rows 1..R). `bayes_ne` is the NE of the teacher's true
+click probabilities on the same examples (synthetic data, and Criteo files generated from it), None for real data.
 """
 
 from collections.abc import Callable

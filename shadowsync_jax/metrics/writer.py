@@ -7,7 +7,7 @@
 
   tensorboard --logdir=WORKDIR                         # curves
   rows = read_metrics_jsonl(f'{workdir}/metrics.jsonl')  # [{'step': 100, 'train/loss': 0.47, ...}, ...]
-  write_summary(workdir, summary)                       # workdir/summary.json, the run's end (DESIGN §9)
+  write_summary(workdir, summary)                       # workdir/summary.json, the run's end (docs/design.md §9)
 
 Event files go through tensorboardX (clu's writers need TensorFlow). Only one process of a multi-process job
 should write: the others pass `enabled=False`, which turns every method into a no-op and creates no file.

@@ -1,1 +1,1 @@
-"""DLRM, its sparsely updated embedding tables, the pure train step, and the optimizers a config names (DESIGN §4)."""
+"""DLRM, its sparsely updated embedding tables, the pure train step, the configured optimizers (docs/design.md §4)."""

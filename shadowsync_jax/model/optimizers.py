@@ -1,4 +1,4 @@
-"""The optimizers a config names: optax for the MLP weights, a sparse one for the embedding tables (DESIGN §4).
+"""The optimizers a config names: optax for the MLP weights, a sparse one for the embedding tables (docs/design.md §4).
 
   mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
 

@@ -1,4 +1,4 @@
-"""Where a replica's step finds its embedding rows and which updates its own table applies (DESIGN §4's placements).
+"""Where a replica's step finds its embedding rows and which updates its own table applies (docs/design.md §4).
 
   placement = table_placement.make('sharded', num_rows=V, axis_name='replica', num_shards=R)
   rows_NxD, routing = placement.lookup(table, row_ids_N)      # inside shard_map over `axis_name`

@@ -5,9 +5,10 @@
   problem = memory.shortfall(needed, hosts=distributed_hostnames)   # None, or what is missing, in words
   memory.peak_rss_bytes()                                 # this process's high-water mark of resident memory
 
-DESIGN §4: a process's peak memory stays within 1.5x the state it holds plus a fixed margin. A state that cannot fit
-is refused before anything is allocated: on a CPU the devices' memory is the host's, shared by every process of the
-job on that host, so the processes of one host add up; on an accelerator each device holds its own part.
+docs/design.md §4: a process's peak memory stays within 1.5x the state it holds plus a fixed margin. A state that
+cannot fit is refused before anything is allocated: on a CPU the devices' memory is the host's, shared by every
+process of the job on that host, so the processes of one host add up; on an accelerator each device holds its own
+part.
 """
 
 from collections.abc import Sequence

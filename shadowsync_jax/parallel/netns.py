@@ -11,7 +11,7 @@ r"""Emulated hosts: Linux network namespaces joined by veth links and a bridge, 
   netns.cleanup_stale()                                       # the hosts of a holder that was SIGKILLed
 
 Processes on 127.0.0.1 share one network stack with no bandwidth limit, which hides what synchronization costs in
-a cluster (DESIGN §10). Here every host has its own stack and address, and its link to the others is shaped:
+a cluster (docs/design.md §10). Here every host has its own stack and address, and its link to the others is shaped:
 
   namespace {prefix}-br    the switch: bridge br0 with ports v0 .. v{N-1}
   namespace {prefix}-h{i}  host i: lo, and eth0 = 10.77.0.{i+1}/24, the peer of v{i}

@@ -20,7 +20,7 @@ Several processes (`jax.distributed`): the job's R replicas are split evenly, pr
 A sync round, sync SGD's step and the final consensus run on `meshes.job`; everything else on `meshes.local`. With
 one process the two meshes are one object and the conversions return their argument.
 
-Across processes, two threads issuing collectives pair calls with the wrong partners (DESIGN §3). While a thread
+Across processes, two threads issuing collectives pair calls with the wrong partners (docs/design.md §3). While a thread
 has reserved them (`reserve_collectives`: the shadow thread, from start to finish), the job-wide functions here and
 in the sync drivers raise CollectiveThreadError when called from any other thread.
 """
@@ -143,7 +143,7 @@ def make_replicated_block(
   step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], mesh: Mesh
 ) -> Callable[[PyTree, PyTree, jax.Array], tuple[PyTree, PyTree]]:
   """`block(state_R, batches_RxK, steps_R) -> (state_R, metrics_RxK)`: `steps` <= K steps of `step_fn`, one after
-  the other on each device, in one dispatch (DESIGN §13); the state donated.
+  the other on each device, in one dispatch (docs/design.md §13); the state donated.
 
   Batches come [R, K, B, ...] (replica first, like every replicated array here, `shard` places them) and step k
   reads `batches[:, k]`; the metrics come back [R, K], those of steps past `steps` zero. `steps` is an int32 array
@@ -284,8 +284,8 @@ _DIVERGENCE_CHUNK_ELEMENTS = 1 << 22  # Of one replica: a table is measured this
 
 @jax.jit
 def replica_divergence(params_R: PyTree) -> jax.Array:
-  """Mean over replicas of the L2 distance of each replica's params to the replica mean (DESIGN §6). A large leaf
-  (a table) is measured a chunk of rows at a time, so no table-sized temporary exists."""
+  """Mean over replicas of the L2 distance of each replica's params to the replica mean (docs/design.md §6). A large
+  leaf (a table) is measured a chunk of rows at a time, so no table-sized temporary exists."""
   squared_R = sum(_squared_distance_to_mean(x) for x in jax.tree.leaves(params_R))
   return jnp.mean(jnp.sqrt(squared_R))
 

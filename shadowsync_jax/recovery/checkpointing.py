@@ -12,11 +12,11 @@
   restored = checkpointer.restore_partial(step, wanted)    # the other leaves come back as checkpointing.SKIPPED
 
 Every process checkpoints its own part (its replicas, `meshes.local`) into its own directory, at its own pace,
-with no barrier and no collective (DESIGN §7: checkpoints must not tie every process to the slowest one). Which
+with no barrier and no collective (docs/design.md §7: checkpoints must not tie every process to the slowest one). Which
 step each process restores after a restart is `restart_plan`'s decision; this module only saves and reads.
 
-Memory (DESIGN §4: no second copy of the tables). An async save reads the arrays while the training goes on; on a
-CPU it reads the device buffers themselves, which the next step then cannot update in place (it copies the whole
+Memory (docs/design.md §4: no second copy of the tables). An async save reads the arrays while the training goes on;
+on a CPU it reads the device buffers themselves, which the next step then cannot update in place (it copies the whole
 state instead), and elsewhere it copies them to the host first. So a state above `ASYNC_SAVE_MAX_BYTES` is saved
 blocking: the loop waits while it is written, straight from where it lives: its large leaves (tables and their
 optimizer state) as a third item, `tables`, written and read a block of rows at a time (`row_blocks`), the rest by

@@ -1,4 +1,4 @@
-"""Emulated failures and the recovery from them, at the training loop's step boundaries (DESIGN §7, CPR).
+"""Emulated failures and the recovery from them, at the training loop's step boundaries (docs/design.md §7, CPR).
 
   recovery = emulated.EmulatedFailures(config, meshes, workdir, total_steps)   # recovery.mode != 'none', 1 process
   state_L, sync_state_R, start_step = recovery.resume(state_L, sync_state_R)   # the newest checkpoint, if any
@@ -40,7 +40,7 @@ replicas, an embedding parameter server) a replica failure loses its MLP only. U
 part changes at a step boundary in the training thread, as a merge does; a round in flight then merges
 `w += s' - s` into the restored params. Full recovery restarts the sync driver from the checkpoint's sync state.
 
-Overhead (DESIGN §7), measured in the training thread: time blocked on saves (the initial one included), steps
+Overhead (docs/design.md §7), measured in the training thread: time blocked on saves (the initial one included), steps
 trained again, restores (waiting for a save in flight, reading, placing, restarting the sync driver), and handing
 batches to the MFU/SSU lookup counter (which counts in a thread of its own, as an embedding server would); as a
 percentage of the failure-free steps' time (steps trained for the first time, the compiled first one excluded).

@@ -1,4 +1,4 @@
-"""Emulated failures (DESIGN §7): when they strike (exponential gaps of mean MTBF) and what they hit.
+"""Emulated failures (docs/design.md §7): when they strike (exponential gaps of mean MTBF) and what they hit.
 
   schedule = failures.FailureSchedule(seed=0, mtbf_steps=500, target='embedding_shard', num_replicas=8,
                                       num_shards=4, total_steps=10_000)

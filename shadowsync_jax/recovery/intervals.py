@@ -1,4 +1,4 @@
-"""How often to checkpoint (DESIGN §7): Young's interval for full recovery, the PLS bound for partial recovery.
+"""How often to checkpoint (docs/design.md §7): Young's interval for full recovery, the PLS bound for partial recovery.
 
   save_cost_steps = checkpoint_interval.steps_from_seconds(measured_save_s, step_time_s)
   full_every = checkpoint_interval.young_interval_steps(save_cost_steps, mtbf_steps, total_steps)

@@ -1,4 +1,4 @@
-"""The recovery modes (DESIGN §7): what a failure reloads, and which modes recover only the failed part.
+"""The recovery modes (docs/design.md §7): what a failure reloads, and which modes recover only the failed part.
 
 'none'      no failures
 'full'      everything reloads the newest checkpoint; the data rewinds and the lost steps are trained again

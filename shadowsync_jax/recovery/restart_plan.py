@@ -6,7 +6,7 @@
   plan.restore[p]    # ('live', 1130), ('checkpoint', 1000) or ('init', 0): what process p reads
   plan.position[p]   # the step process p's stream goes on from (its replicas skip what lies in between)
 
-Pure: every process computes the same plan from the same holdings (DESIGN §7, real failures).
+Pure: every process computes the same plan from the same holdings (docs/design.md §7, real failures).
 - Resume (`recovery.mode='none'`, or a first start): every process its own newest checkpoint; a lock-step
   algorithm (`sync_sgd`, `fr_*`, `gba`: every process makes the same collectives at the same steps) the newest
   step every process has.

@@ -1,5 +1,5 @@
-r"""Whether the training loop feeds its step (DESIGN §13): the step alone, the whole loop, and the loop around a step
-that does no work, timed in one run.
+r"""Whether the training loop feeds its step (docs/design.md §13): the step alone, the whole loop, and the loop
+around a step that does no work, timed in one run.
 
   from experiments.configs import default
   results = loop.run({'default': default.get_config}, repeats=3, root='/tmp/loop')   # one dict a config

@@ -208,7 +208,7 @@ def row_from_summary(cell: Cell, summary: dict[str, Any], workdir: str | pathlib
 
 
 def with_ratio_to_none(rows: Sequence[Row]) -> list[Row]:
-  """Rows with `examples_per_sec_vs_none`: examples/sec over `none`'s at the same replica count (DESIGN §6)."""
+  """Rows with `examples_per_sec_vs_none`: examples/sec over `none`'s at the same replica count (docs/design.md §6)."""
   none_eps = {r['replicas']: r['examples_per_sec'] for r in rows if r['algorithm'] == 'none'}
 
   def ratio(row: Row) -> float | None:

@@ -17,7 +17,7 @@ sharded with either exchange), a replica count and how many processes hold them.
   which times the restore and the peak memory of a restoring process.
 
 A config whose state cannot fit is refused before anything is allocated; its row gives the `error:` line. The
-bound DESIGN §4 sets on a process's peak is 1.5 x its state + 2 GB.
+bound docs/design.md §4 sets on a process's peak is 1.5 x its state + 2 GB.
 """
 
 from collections.abc import Sequence

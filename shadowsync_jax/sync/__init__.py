@@ -1,2 +1,2 @@
-"""Synchronizing the replicas (DESIGN §3): the pure round math, and the drivers that run it in the foreground or in a
-background thread (ShadowSync)."""
+"""Synchronizing the replicas (docs/design.md §3): the pure round math, and the drivers that run it in the foreground
+or in a background thread (ShadowSync)."""

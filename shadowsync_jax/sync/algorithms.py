@@ -1,4 +1,4 @@
-"""Model synchronization rounds as pure optax-style `(init, sync)` pairs over one replica's params (DESIGN §3).
+"""Model synchronization rounds as pure optax-style `(init, sync)` pairs over one replica's params (docs/design.md §3).
 
   algorithm = algorithms.make('bmuf', replicas.REPLICA_AXIS, num_replicas, elastic_alpha=-1.0,
                                    block_momentum=-1.0, block_lr=1.0)    # -1: the defaults
@@ -99,7 +99,7 @@ def elastic_averaging(axis_name: str, alpha: float) -> SyncAlgorithm:
   `d_i = alpha (w_i - c)`; `w_i <- w_i - d_i`; `c <- c + sum_i d_i`. The synchronous round of EASGD, "Deep
   learning with Elastic Averaging SGD" (Zhang, Choromanska & LeCun, NeurIPS 2015, arXiv:1412.6651), with
   `beta = R alpha`; the round contracts `mean_i w_i - c` by `1 - alpha (R + 1)`: monotonically for
-  `alpha (R + 1) <= 1`, flipping its sign each round above that (DESIGN's stability bound is `alpha R < 1`).
+  `alpha (R + 1) <= 1`, flipping its sign each round above that (docs/design.md §3's stability bound is `alpha R < 1`).
   The center starts at the replica mean of the initial params.
   """
 

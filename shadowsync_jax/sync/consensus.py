@@ -1,4 +1,4 @@
-"""The model a run evaluates (DESIGN §3), read where it lives: no consensus table is ever built.
+"""The model a run evaluates (docs/design.md §3), read where it lives: no consensus table is ever built.
 
   rule = consensus.Rule('ea', groups=('mlp', 'embedding'))          # a driver's `consensus_rule()`
   predict = consensus.make_predict(config, meshes, rule)            # a job-wide program

@@ -3,14 +3,14 @@
   driver = drivers.make_driver(config, meshes)  # meshes = replicas.make_meshes(num_replicas)
   sync_state_R = driver.initial_sync_state(state_L)  # EA center, BMUF global model and momentum; None if no rounds
   driver.start(state_L, sync_state_R)          # or a sync state restored from a checkpoint
-  for block in ...:                           # blocks of steps, one dispatch each (DESIGN §13)
+  for block in ...:                           # blocks of steps, one dispatch each (docs/design.md §13)
     state_L, _ = train_block(state_L, block_L)
     state_L = driver.at_boundary(step, state_L, n)  # foreground: a blocking round every k steps; shadow: merge a result
     driver.next_due(step)                       # the next step it must act at (the loop ends a block there), or None
     ... metric writes, saves ...
     driver.loop_work(seconds)                   # what they took: shadow leaves a step with a save out of its pace
   state_L = driver.finish(state_L)             # ends the rounds (shadow: with every process) and joins the thread
-  rule = driver.consensus_rule()               # the model to evaluate (DESIGN §3), read where it lives: `consensus`
+  rule = driver.consensus_rule()               # the model to evaluate (docs/design.md §3), read where it lives
   driver.stats()                               # sync_rounds, mean/max sync gap, mean round latency; shadow: the pace
 
 The train state `state_L` holds this process's replicas (`meshes.local`); rounds and the consensus run over all

@@ -26,7 +26,7 @@ def synced_groups(what: str, placement: str) -> tuple[str, ...]:
 
 
 class GapTracker:
-  """Counts rounds and the sync gap: training steps made between two consecutive merges (DESIGN §2)."""
+  """Counts rounds and the sync gap: training steps made between two consecutive merges (docs/design.md §2)."""
 
   def __init__(self):
     self.rounds, self.gaps, self.latencies_s = 0, [], []

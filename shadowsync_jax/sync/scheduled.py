@@ -10,7 +10,7 @@ dispatches each round, at a step every process agreed on, and never waits for it
   state_L = driver.finish(state_L)               # merges the round in flight
 
 Why not a thread (`shadow.ShadowSync`): a device runs the programs given to it in the order they were given, so
-the processes' collectives pair up only if every process dispatches them in the same order (DESIGN §3). A thread
+the processes' collectives pair up only if every process dispatches them in the same order (docs/design.md §3). A thread
 dispatching rounds beside a training loop dispatching collective steps would slip its rounds between different
 steps on different processes, and the two programs would wait for each other's partners forever. Here the one
 thread that dispatches steps also dispatches the rounds, after the same step on every process:

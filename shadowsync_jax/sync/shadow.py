@@ -14,8 +14,8 @@ synced params (a copy, so donating the params to the next block cannot delete wh
 over; the thread computes the synced `s'` (its collectives are the only ones) and posts `(s, s')`; at the next
 boundary after that, the loop merges `w <- w + (s' - s)`, keeping the local steps made while the round ran. An
 exception in the thread is re-raised by `at_boundary` at the first boundary after it happened. The loop dispatches
-blocks of steps (DESIGN §13); so that a round waits for a boundary no more than a small part of its pace, the driver
-asks for a boundary every `FRESHNESS` of its interval (`next_due`).
+blocks of steps (docs/design.md §13); so that a round waits for a boundary no more than a small part of its pace, the
+driver asks for a boundary every `FRESHNESS` of its interval (`next_due`).
 
 Pace: a round starts no sooner than `min_interval_s` after the last one started. With 'auto' the interval is paced
 (`pacing.Pacer`): the training thread times every step, those a round ran beside and those between rounds, and
@@ -23,7 +23,7 @@ spaces the rounds so that they cost the trainers at most `max_overhead` of their
 interval as it stands while it waits. `stats()` reports the pace and what it came from.
 
 Several processes: each runs one such thread, and the threads are the only issuers of cross-process collectives
-(DESIGN §3), one round after the other, so round n of every process meets round n of the others. A process whose
+(docs/design.md §3), one round after the other, so round n of every process meets round n of the others. A process whose
 stream is done keeps serving snapshots from `finish` until every process is done: each round also agrees, by a
 collective, on whether all processes have finished, and all threads stop after that same round. The same
 agreement takes the longest of the processes' paces, and every thread waits that long from the agreement, which

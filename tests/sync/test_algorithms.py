@@ -1,4 +1,4 @@
-"""Sync rounds (DESIGN §3) on 4 and 8 replicas against numpy references of the formulas, over several rounds."""
+"""Sync rounds (docs/design.md §3) on 4 and 8 replicas against numpy references of the formulas, over several rounds."""
 
 import operator
 

@@ -1,5 +1,5 @@
-"""The evaluated model (DESIGN §3): the consensus of each algorithm against numpy, and its predictions read where the
-tables live (replica means row by row, EA's center, sharded rows) against predictions of the whole model."""
+"""The evaluated model (docs/design.md §3): the consensus of each algorithm against numpy, and its predictions read
+where the tables live (replica means row by row, EA's center, sharded rows) against predictions of the whole model."""
 
 import jax
 import numpy as np

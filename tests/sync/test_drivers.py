@@ -112,7 +112,7 @@ def test_foreground_resumes_from_the_given_step_and_sync_state():
 
 
 def test_foreground_ea_keeps_its_center_across_rounds():
-  """EA through the driver: the sync state (the center) carries over rounds and is the consensus (DESIGN §3)."""
+  """EA through the driver: the sync state (the center) carries over rounds and is the consensus (docs/design.md §3)."""
   num_replicas, alpha = 4, 0.1
   mesh = replicas.make_mesh(num_replicas)
   want, delta = fake_training.initial(num_replicas)
@@ -214,7 +214,7 @@ def _compiled_step_text(config) -> str:
 
 @pytest.mark.parametrize('algorithm', ['shadow_ma', 'fr_ma', 'none'])
 def test_train_step_without_sync_sgd_has_no_collective(algorithm):
-  """DESIGN §3: in shadow (and foreground, and none) modes the compiled step never talks to another replica."""
+  """docs/design.md §3: in shadow (and foreground, and none) modes the compiled step never talks to another replica."""
   text = _compiled_step_text(_config(algorithm))
   assert not COLLECTIVE.findall(text), f'{algorithm}: {sorted(set(COLLECTIVE.findall(text)))}'
 
@@ -223,7 +223,7 @@ def test_train_step_without_sync_sgd_has_no_collective(algorithm):
   'algorithm,placement,collectives',
   [
     ('sync_sgd', 'replicated', {'all-reduce', 'all-gather'}),  # MLP gradients averaged, sparse updates gathered
-    ('shadow_ma', 'shared', {'all-gather'}),  # the shared table's sparse updates, by design (DESIGN §4)
+    ('shadow_ma', 'shared', {'all-gather'}),  # the shared table's sparse updates, by design (docs/design.md §4)
   ],
 )
 def test_collectives_the_step_does_have(algorithm, placement, collectives):

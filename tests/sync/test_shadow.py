@@ -1,4 +1,4 @@
-"""ShadowSync (DESIGN §3): the merge rule, a training loop that never waits, errors, shutdown, donation, no leaks.
+"""ShadowSync (docs/design.md §3): the merge rule, a loop that never waits, errors, shutdown, donation, no leaks.
 
 Most tests drive the real driver with a fake train step that adds a known per-replica delta to the params, so the
 params at every step boundary are known exactly. A round is held or observed by wrapping the driver's jitted
@@ -173,7 +173,7 @@ def test_merge_keeps_the_local_steps_made_during_the_round(monkeypatch, name, nu
 
   final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   assert not thread.is_alive()
-  if name == 'ea':  # The consensus is the center (DESIGN §3) of the last round, which finish ran and merged.
+  if name == 'ea':  # The consensus is the center (docs/design.md §3) of the last round, which finish ran and merged.
     last_merged = held.rounds[-1]
     _assert_tree_close(
       loop.driver.consensus(final.params), jax.tree.map(lambda c: c[0], last_merged[2].center), 'ea consensus'
@@ -411,8 +411,8 @@ def test_min_interval_bounds_the_round_rate():
 
 
 def test_only_the_shadow_thread_may_issue_job_wide_collectives():
-  """DESIGN §3's hard rule: from start to finish the thread owns the collectives; the consensus (a collective) called
-  from the training thread meanwhile raises instead of mismatching partners across processes."""
+  """docs/design.md §3's hard rule: from start to finish the thread owns the collectives; the consensus (a collective)
+  called from the training thread meanwhile raises instead of mismatching partners across processes."""
   loop = Loop(_driver('ma', 4), 4)
   _start(loop)
   loop.run(3)
