@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol
 import grain
 import ml_collections
 import numpy as np
+import threadpoolctl
 
 from shadowsync_jax.data import batch as batch_lib
 from shadowsync_jax.data import lengths
@@ -169,6 +170,14 @@ def read_block(
   return block
 
 
+@functools.cache
+def pin_blas_threads() -> None:
+  """numpy's BLAS runs one thread in this process from now on. The readers' matmuls are narrow (a block of examples
+  by 13 or 26 x 6 columns), and OpenBLAS's pool of threads, which spin a while after each call, takes the cores the
+  device's steps run on (on a CPU backend, XLA's): `benchmarks.loop` measures what that costs."""
+  threadpoolctl.threadpool_limits(limits=1, user_api='blas')
+
+
 class BlockReader:
   """Blocks of the training stream (`read_block`) read one ahead, in a thread of their own, while the current block
   trains (docs/design.md §13: double buffering).
@@ -178,12 +187,14 @@ class BlockReader:
     block = reader.take(step, n)        # [L, 8, B, ...]: the prefetched block if it holds these steps, else read now
 
   The thread's numpy work releases the GIL for most of its time, so on a machine whose training step leaves a core
-  it overlaps with the step; errors are raised by `take`.
+  it overlaps with the step; errors are raised by `take`. A reader pins numpy's BLAS to one thread
+  (`pin_blas_threads`).
   """
 
   def __init__(
     self, source: Source, num_replicas: int, batch_size: int, block_steps: int, replicas: range | None = None
   ):
+    pin_blas_threads()
     self._read = functools.partial(read_block, source, num_replicas, batch_size, replicas=replicas)
     self.block_steps = block_steps
     self._executor = futures.ThreadPoolExecutor(1, thread_name_prefix='block-reader')
