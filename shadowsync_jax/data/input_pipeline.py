@@ -33,7 +33,6 @@ from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.data.criteo import files as criteo_files
 from shadowsync_jax.data.criteo import source as criteo_source
 from shadowsync_jax.data.prepared import manifest as prepared_manifest
-from shadowsync_jax.data.prepared import source as prepared_source
 
 _GROUP_ROWS = 4096
 
@@ -269,6 +268,9 @@ def make_sources(data_config: ml_collections.ConfigDict, seed: int) -> tuple[Str
     names = (f'data.train_path={data_config.train_path!r}', f'data.eval_path={data_config.eval_path!r}')
     return _slices(train, train.file_rows, held_out, num_train, num_eval, names, cardinalities)
   if data_config.source == 'prepared':
+    # Imported here: its tensorflow-datasets import costs every other run (a restart too) a few tenths of a second.
+    from shadowsync_jax.data.prepared import source as prepared_source  # pylint: disable=g-import-not-at-top
+
     version_dir = prepared_manifest.find(data_config.prepared_dir)
     train = prepared_source.PreparedSource(version_dir, data_config.train_split)
     prepared_manifest.check_cardinalities(train.manifest, cardinalities, version_dir)
