@@ -252,8 +252,12 @@ class _PeerWatchdog:
     self.step, self.phase, self._reported_at = step, phase, now
 
   def grace_s(self) -> float:
-    """How long a training loop may take to reach its next step boundary."""
+    """How long a training loop may take to reach its next step boundary. Before its first block of this start is
+    done (phase 'setup': compiling, or its devices wait on a collective with a peer that is gone), the short one:
+    what it would save at a boundary is what it started from, already on disk."""
     low, high = _STEP_BOUNDARY_GRACE_S
+    if self.phase == 'setup':
+      return low
     return high if self._step_s is None else min(high, max(low, _STEP_BOUNDARY_GRACE_STEPS * self._step_s))
 
   def lose(self, reason: str) -> None:

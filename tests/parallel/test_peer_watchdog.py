@@ -1,0 +1,20 @@
+"""How long the peer watchdog leaves a training loop to reach its boundary once a peer is lost (no process started:
+the watchdog's bookkeeping alone)."""
+
+from shadowsync_jax.parallel import distributed
+
+
+def _watchdog() -> distributed._PeerWatchdog:  # pylint: disable=protected-access
+  return distributed._PeerWatchdog(None, 0, 2, timeout_s=10.0, coordinator_address='127.0.0.1:1')  # pylint: disable=protected-access
+
+
+def test_before_its_first_block_a_loop_gets_the_short_grace_then_its_steps_set_it():
+  low, high = distributed._STEP_BOUNDARY_GRACE_S  # pylint: disable=protected-access
+  watchdog = _watchdog()
+  assert watchdog.grace_s() == low  # Setup: nothing trained in this start, nothing newer than the disk to save.
+  watchdog.reported(40, 'train')
+  assert watchdog.grace_s() == high  # Training, no step time yet: the long grace.
+  watchdog._reported_at -= 0.2  # pylint: disable=protected-access  (two steps took 0.2 s: 0.1 s a step)
+  watchdog.reported(42, 'train')
+  steps = distributed._STEP_BOUNDARY_GRACE_STEPS  # pylint: disable=protected-access
+  assert abs(watchdog.grace_s() - min(high, max(low, steps * 0.1))) < 0.01
