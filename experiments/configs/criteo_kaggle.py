@@ -58,7 +58,8 @@ def get_config(variant: str = ''):
   config.optimizer.mlp_learning_rate = config.optimizer.embedding_learning_rate = 0.1
   config.sync.embedding_placement = 'auto'  # One replica: its tables (2.2 GB); several: the tables sharded over them.
   config.train.log_every_steps = 1000
-  config.train.checkpoint_every_steps = 10_000
+  config.train.checkpoint_every_steps = 0
+  config.train.checkpoint_every_s = 600.0  # A save of 2.2 GB of tables blocks for seconds here: a few a run.
   config.train.progress_every_s = 30.0
   if variant == 'dcn':
     config.model.interaction = 'dcn'
@@ -70,6 +71,7 @@ def get_config(variant: str = ''):
     config.batch_size = defaults.batch_size
     config.model, config.optimizer = defaults.model, defaults.optimizer
     config.train.checkpoint_every_steps = 2000
+    config.train.checkpoint_every_s = 0.0
     config.train.progress_every_s = 5.0
   elif variant == 'tiny':
     config.data.cardinalities = (50,) * config_lib.NUM_SPARSE_FEATURES
@@ -80,6 +82,7 @@ def get_config(variant: str = ''):
     config.optimizer.embedding = 'rowwise_adagrad'
     config.train.log_every_steps = 50
     config.train.checkpoint_every_steps = 500
+    config.train.checkpoint_every_s = 0.0
     config.train.progress_every_s = 5.0
   elif variant:
     raise ValueError(f'unknown variant {variant!r} of experiments/configs/criteo_kaggle.py; known: dcn, local, tiny')

@@ -59,7 +59,8 @@ def get_config(variant: str = ''):
   config.sync.algorithm = 'sync_sgd'  # MLPerf trains one model on the global batch.
   config.sync.embedding_placement = 'auto'  # Sharded over the replicas: the tables do not fit one device.
   config.train.log_every_steps = 1000
-  config.train.checkpoint_every_steps = 5000
+  config.train.checkpoint_every_steps = 0
+  config.train.checkpoint_every_s = 600.0  # Tables of tens of GB: a save blocks for a while, a few a run.
   config.train.progress_every_s = 30.0
   config.train.eval_batch_size = 65_536
   if variant in ('dot', 'dim16'):

@@ -24,5 +24,6 @@ def get_config(variant: str = ''):
   if not variant:
     config.data.num_train_examples = 1_000_000
   config.train.checkpoint_every_steps = 0  # A GBA checkpoint drains the workers: a barrier; only the final one.
+  config.train.checkpoint_every_s = 0.0
   config.train.progress_every_s = 30.0
   return config

@@ -34,7 +34,8 @@ Every blocking save, every completed checkpoint and every start that trains is w
 completed (the newer one deleted or unreadable since) raises `UnrecoverableError`: one clear error (exit status 3),
 never a silent rewind.
 Checkpoint intervals: `train.checkpoint_every_steps` under `none`, and `train.checkpoint_every_s` seconds (at the first
-block boundary after: processes that step together refuse it, their checkpoints must fall on common steps); Young's
+block boundary after; processes that step together need their checkpoints on common steps, so theirs turn the seconds
+into steps once, after `CALIBRATION_STEPS` timed steps, at the slowest process's pace: one exchange); Young's
 interval from the measured save cost and `recovery.mtbf_steps` (the expected MTBF) under `full`; the longest interval
 under `recovery.target_pls` (the parts being the processes) under the partial modes; `recovery.checkpoint_every_steps`
 where set.
@@ -105,6 +106,11 @@ class RealFailures:
     if self.requested_mode in LIVE_MODES:
       self._live = live_state.LiveKeeper(self._workdir / 'live' / self._writer)  # Its copy rate: set in `start`.
     self._interval = self._configured_interval()
+    # Seconds between checkpoints, where every process must save at the same steps: turned into steps once timed.
+    self._seconds_need_steps = bool(
+      self.requested_mode == 'none' and config.train.checkpoint_every_s and self._lock_step and self._processes > 1
+    )
+    self._seconds_in_steps = False
     self._saver: priority_rows.PrioritySaver | None = None
     self._control = control.ControlPipe.from_environment()
     self._saved: list[int] = []  # Steps of this generation's saves, in order.
@@ -232,7 +238,9 @@ class RealFailures:
     if self._live is not None:
       self._live.at_boundary(step, lambda: checkpointing.training_tree(state_L, self._local(driver.sync_state())))
     steps_timed = step - self._timing[1]
-    if self._needs_calibration() and steps_timed >= CALIBRATION_STEPS:
+    if self._needs_calibration() and steps_timed >= CALIBRATION_STEPS and self.requested_mode == 'none':
+      self._seconds_to_steps(step)
+    elif self._needs_calibration() and steps_timed >= CALIBRATION_STEPS:
       self._calibrate(step, state_L, driver)
     elif (self._interval and step % self._interval == 0) or self._save_due_by_time():
       self._save(step, state_L, self._local(driver.sync_state()))
@@ -349,7 +357,17 @@ class RealFailures:
   def _needs_calibration(self) -> bool:
     if self.requested_mode == 'cpr':
       return self._choice is None
+    if self.requested_mode == 'none':
+      return self._seconds_need_steps and not self._seconds_in_steps
     return self._interval is None and self.mode == 'full'
+
+  def _seconds_to_steps(self, step: int) -> None:
+    """`train.checkpoint_every_s` as a common interval in steps for processes that step together: the seconds at
+    the slowest process's mean step time (one exchange), or `train.checkpoint_every_steps` where that is shorter."""
+    step_s = max(distributed.exchange('checkpoint_step_s', self._mean_step_s(step)))
+    steps = max(1, round(self._config.train.checkpoint_every_s / step_s))
+    self._interval = min(steps, self._interval or steps)
+    self._seconds_in_steps = True
 
   def _calibrate(self, step: int, state_L: Any, driver: Any) -> None:
     """Measures a save and a restore with nothing in flight, and agrees with every process on the interval (and,
@@ -404,7 +422,7 @@ class RealFailures:
     """`train.checkpoint_every_s` (no recovery configured): a save at the first boundary that long after the last
     (or after the first step); never a block cut (any boundary will do)."""
     every_s = self._config.train.checkpoint_every_s
-    if not every_s or self.requested_mode != 'none' or self._timing is None:
+    if not every_s or self.requested_mode != 'none' or self._timing is None or self._seconds_need_steps:
       return False
     return time.perf_counter() - max(self._timing[0], self._last_save_s) >= every_s
 

@@ -33,6 +33,7 @@ def config_for(base: ml_collections.ConfigDict, mode: str) -> ml_collections.Con
   config.recovery.mode = mode
   if mode == 'none':
     config.train.checkpoint_every_steps = 0
+    config.train.checkpoint_every_s = 0.0
   return config
 
 

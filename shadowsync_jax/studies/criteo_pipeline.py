@@ -220,6 +220,7 @@ def measure_training_job(
     f'--config.data.num_train_examples={train_examples}',
     f'--config.num_replicas={num_processes}',
     '--config.train.checkpoint_every_steps=0',
+    '--config.train.checkpoint_every_s=0',
     '--config.train.progress_every_s=30',
   ]
   launch_flags = [f'--num_processes={num_processes}', '--cpu_devices=1', '--peer_timeout_s=60', '--grace_s=30']
@@ -237,5 +238,6 @@ def measure_training(
   config.data.source, config.data.prepared_dir = 'prepared', prepared_dir
   config.data.num_train_examples = train_examples
   config.train.checkpoint_every_steps = 0
+  config.train.checkpoint_every_s = 0.0
   config_lib.validate(config, num_devices=None)
   return train.train_and_evaluate(config, workdir)

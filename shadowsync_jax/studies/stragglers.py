@@ -5,7 +5,7 @@
 
 Each algorithm runs as a job of 2 processes (`experiments.launch`), one replica per process, without and at once
 with a straggler (process 1 `slowdown` times slower: its own step time, calibrated before it is slowed, times
-`slowdown`; `parallel.straggler`), on the default config: checkpoints on (every `train.checkpoint_every_steps`,
+`slowdown`; `parallel.straggler`), on the default config: checkpoints on (every `train.checkpoint_every_s`,
 each process at its own pace), every other setting at its default unless an argument says otherwise; the pairs
 are repeated (`REPEATS`), each straggler run read against its own pair's run without. The tables: per algorithm,
 the mean and range over the repeats of the fast process's examples/sec over its own without the straggler, the

@@ -16,6 +16,7 @@ import numpy as np
 
 from experiments.configs import default
 from shadowsync_jax import train
+from shadowsync_jax.parallel import history
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 300  # Only reached when something hangs.
@@ -84,23 +85,23 @@ def test_shadow_ea_across_two_processes_ends_with_one_model(tmp_path):
 
 def test_sync_sgd_across_two_processes_equals_one_process_and_resumes(tmp_path):
   """4 replicas as 2 processes x 2 are the same sync SGD run as 4 replicas in one process; stopped and resumed on
-  the same process count, it still is."""
-  flags = (
-    '--config.num_replicas=4',
-    '--config.sync.algorithm=sync_sgd',
-    '--config.data.num_train_examples=16384',
-    '--config.train.checkpoint_every_steps=8',
-  )
-  code, output = _launch(tmp_path, *flags, '--config.train.stop_at_step=12')
+  the same process count, it still is. The resumed run checkpoints every so many seconds: the processes turn them
+  into one interval in steps and save at the same steps."""
+  flags = ('--config.num_replicas=4', '--config.sync.algorithm=sync_sgd', '--config.data.num_train_examples=32768')
+  code, output = _launch(tmp_path, *flags, '--config.train.checkpoint_every_steps=8', '--config.train.stop_at_step=12')
   assert code == 0, output
   assert not (tmp_path / 'summary.json').exists()
-  code, output = _launch(tmp_path, *flags)
+  seconds = ('--config.train.checkpoint_every_steps=0', '--config.train.checkpoint_every_s=0.05')
+  code, output = _launch(tmp_path, *flags, *seconds)
   assert code == 0, output
   resumed = _summary(tmp_path)
-  assert resumed['resumed_from_step'] == 12 and resumed['train_steps'] == 32
+  assert resumed['resumed_from_step'] == 12 and resumed['train_steps'] == 64
+  saves = [r for r in history.read(tmp_path) if r.get('event') == 'save' and r['generation'] == 0]
+  steps = [sorted(r['step'] for r in saves if r['process'] == p and r['step'] > 12) for p in (0, 1)]
+  assert len(steps[0]) >= 2 and steps[0] == steps[1], steps
 
   config = default.get_config('tiny')
-  config.num_replicas, config.sync.algorithm, config.data.num_train_examples = 4, 'sync_sgd', 16384
+  config.num_replicas, config.sync.algorithm, config.data.num_train_examples = 4, 'sync_sgd', 32768
   config.train.checkpoint_every_steps = 0
   one_process = train.train_and_evaluate(config, tmp_path / 'one_process')
   np.testing.assert_allclose(resumed['eval_ne'], one_process['eval_ne'], rtol=1e-5)
