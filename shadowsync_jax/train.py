@@ -56,6 +56,7 @@ from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import network
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.parallel import straggler
+from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import policies as recovery_policies
 from shadowsync_jax.sync import consensus
 from shadowsync_jax.sync import drivers as sync_drivers
@@ -339,11 +340,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   meshes = replicas.make_meshes(num_replicas)
   state_bytes = check_memory(config, meshes)
-  state = init_replicated_state(config, meshes)
   driver = sync_drivers.make_driver(config, meshes)
-  sync_state = driver.initial_sync_state(state)
   recovery = recovery_policies.make(config, meshes, workdir, total_steps)  # It owns the checkpoints.
-  state, sync_state, start_step = recovery.resume(state, sync_state)
+
+  def fresh_state():  # Built only where nothing is restored: a restore never builds the tables first.
+    state = init_replicated_state(config, meshes)
+    return state, driver.initial_sync_state(state)
+
+  state, sync_state, start_step = recovery.resume(checkpointing.FreshState(fresh_state, meshes))
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
   blocks = BlockDispatcher(config, meshes, train_source, stop_step)
   writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)

@@ -102,6 +102,8 @@ def _reassemble(tree: PyTree, mesh: Mesh) -> PyTree:
   sharding, num_replicas = replica_sharding(mesh), mesh.shape[REPLICA_AXIS]
 
   def one(x):
+    if isinstance(x, jax.core.Tracer):  # Traced for its shape alone (`jax.eval_shape`): no buffers to reassemble.
+      return jnp.zeros((num_replicas, *x.shape[1:]), x.dtype)
     shards = [shard.data for shard in x.addressable_shards]
     return jax.make_array_from_single_device_arrays((num_replicas, *x.shape[1:]), sharding, shards)
 

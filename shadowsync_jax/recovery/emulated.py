@@ -1,7 +1,7 @@
 """Emulated failures and the recovery from them, at the training loop's step boundaries (docs/design.md §7, CPR).
 
   recovery = emulated.EmulatedFailures(config, meshes, workdir, total_steps)   # recovery.mode != 'none', 1 process
-  state_L, sync_state_R, start_step = recovery.resume(state_L, sync_state_R)   # the newest checkpoint, if any
+  state_L, sync_state_R, start_step = recovery.resume(fresh)   # the newest checkpoint, if any (`FreshState`)
   recovery.start(start_step, state_L, sync_state_R)       # the initial checkpoint the first failures reload
   for block in ...:                                       # n steps a dispatch, ending where `next_due` says
     state_L, _ = train_block(state_L, block_L)
@@ -170,15 +170,11 @@ class EmulatedFailures:
     self._write_steps: float | None = None  # How long a full save takes to be written, measured by `_calibrate`.
     self._warm_restore_s: dict[str, float] = {}  # A full and a partial restore, timed warm (`_warm_up`), for `cpr`.
 
-  def resume(self, state_L: Any, sync_state_R: PyTree) -> tuple[Any, PyTree, int]:
-    """The newest checkpoint of a run that stopped (or the state as given, and step 0, on a fresh workdir)."""
-    tree = checkpointing.training_tree(state_L, sync_state_R)
+  def resume(self, fresh: checkpointing.FreshState) -> tuple[Any, PyTree, int]:
+    """The newest checkpoint of a run that stopped (or the fresh state, and step 0, on a fresh workdir)."""
     if self._checkpointer.latest_step() is None:
-      return state_L, sync_state_R, 0
-    abstract = checkpointing.abstract_like(tree)
-    checkpointing.release(tree)  # The restored state replaces it: never both at once.
-    restored = self._checkpointer.restore_latest(abstract)
-    tree, data = restored
+      return (*fresh(), 0)
+    tree, data = self._checkpointer.restore_latest(fresh.abstract())
     print(f'Resumed from the checkpoint at step {data["step"]} of {self._total_steps}.')
     return tree['train'], tree.get('sync'), data['step']
 

@@ -1,7 +1,7 @@
 """Which failures a run meets and how it comes back from them: emulated in one process, real otherwise.
 
   recovery = policies.make(config, meshes, workdir, total_steps)
-  state_L, sync_state_R, step = recovery.resume(state_L, sync_state_R)
+  state_L, sync_state_R, step = recovery.resume(fresh)      # fresh() -> (state_L, sync_state_R): built only if needed
   recovery.start(step, state_L, sync_state_R)
   for ...:                                                  # the training loop (train.py), a block at a time
     state_L, driver, rewind_to = recovery.at_boundary(step, state_L, n, block, driver)
@@ -23,6 +23,7 @@ import ml_collections
 
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.parallel import replicas
+from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import emulated
 from shadowsync_jax.recovery import real
 
@@ -32,7 +33,7 @@ PyTree = Any
 class RecoveryPolicy(Protocol):
   """What the training loop calls (module docstring)."""
 
-  def resume(self, state_L: Any, sync_state_R: PyTree) -> tuple[Any, PyTree, int]: ...
+  def resume(self, fresh: checkpointing.FreshState) -> tuple[Any, PyTree, int]: ...
 
   def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None: ...
 

@@ -1,7 +1,7 @@
 """Real failures: a process of the job dies (killed, crashed, hung) and the job comes back, fully or partially.
 
   recovery = real.RealFailures(config, meshes, workdir, total_steps)
-  state_L, sync_state_R, step = recovery.resume(state_L, sync_state_R)   # what the restart plan says to restore
+  state_L, sync_state_R, step = recovery.resume(fresh)   # what the restart plan says to restore (`FreshState`)
   recovery.start(step, state_L, sync_state_R)
   for ...:
     ...
@@ -123,10 +123,9 @@ class RealFailures:
 
   # The restart plan.
 
-  def resume(self, state_L: Any, sync_state_R: PyTree) -> tuple[Any, PyTree, int]:
-    """Restores what the restart plan gives this process (nothing on a fresh workdir); returns the state, the sync
-    state (job-wide, as the sync drivers hold it) and the step the stream goes on from."""
-    sync_state_L = self._local(sync_state_R)
+  def resume(self, fresh: checkpointing.FreshState) -> tuple[Any, PyTree, int]:
+    """Restores what the restart plan gives this process (`fresh()`, built only then, on a fresh workdir); returns
+    the state, the sync state (job-wide, as the sync drivers hold it) and the step the stream goes on from."""
     distributed.report(0, 'setup')
     reached = history.positions_reached(self._workdir, self._generation - 1) if self._generation else {}
     live_steps = self._live.steps() if self._live is not None else []
@@ -136,21 +135,20 @@ class RealFailures:
     source, restored_step = plan.restore[self._process]
     position = plan.position[self._process]
     self._check_nothing_went_missing(source, mine.checkpoints)
-    abstract = checkpointing.abstract_like(checkpointing.training_tree(state_L, sync_state_L))
     if self._plan_mode() == 'full' or (self._plan_mode() == 'none' and self._lock_step):
       self._checkpointer.delete_after(restored_step)  # Everyone went back to a common cut: past it, a lost timeline.
       if source == 'checkpoint':  # Every process restores it: no later plan can go back past it.
         self._checkpointer.delete_before(restored_step)  # (Left to later saves, a run that fails more often than
         self._saved = [restored_step]  # each process saves twice kept them all: 6 x 1.1 GB a process at Kaggle size.)
+    if source == 'init':
+      state_L, sync_state_R = fresh()
+      tree = checkpointing.training_tree(state_L, self._local(sync_state_R))
     started = time.perf_counter()
-    tree = checkpointing.training_tree(state_L, sync_state_L)
-    if source != 'init':
-      checkpointing.release(tree)  # The restored state replaces it: never both at once.
     if source == 'live':
-      tree = self._live.restore(restored_step, abstract)
+      tree = self._live.restore(restored_step, fresh.abstract())
     elif source == 'checkpoint':
       try:
-        tree, _ = self._checkpointer.restore(restored_step, abstract)
+        tree, _ = self._checkpointer.restore(restored_step, fresh.abstract())
       except Exception as error:  # pylint: disable=broad-except  (whatever a truncated or damaged file raises)
         raise UnrecoverableError(
           f'process {self._process} cannot read its checkpoint of step {restored_step} in '
