@@ -140,13 +140,16 @@ def test_missing_key_is_named():
 @pytest.mark.parametrize('name', ['criteo_kaggle', 'criteo_terabyte'])
 def test_criteo_configs_read_prepared_data_by_name_and_have_every_key(name):
   module = importlib.import_module(f'experiments.configs.{name}')
-  for variant in ('', 'local', 'tiny', 'dcn' if name == 'criteo_kaggle' else 'dot'):
+  variants = ('', 'local', 'tiny', 'dcn', 'gpu') if name == 'criteo_kaggle' else ('', 'local', 'tiny', 'dot')
+  for variant in variants:
     config = module.get_config(variant)
     assert config_lib.flat_keys(config).keys() == config_lib.flat_keys(config_lib.base_config()).keys()
     dataset = name.removeprefix('criteo_') + (f'_{variant}' if variant in ('local', 'tiny') else '')
     assert config.data.source == 'prepared'
     assert config.data.prepared_dir.endswith(os.path.join('criteo_click_blocks', dataset))
     assert (config.data.num_train_examples, config.data.num_eval_examples) == (0, 0)  # The whole days.
+    config.data.source = 'synthetic'  # Every other key as the variant sets it: valid (no prepared data here).
+    config_lib.validate(config, num_devices=8)
   terabyte = importlib.import_module('experiments.configs.criteo_terabyte').get_config()
   assert max(terabyte.data.cardinalities) == 40_000_000 and terabyte.model.interaction == 'dcn'
   narrow = importlib.import_module('experiments.configs.criteo_terabyte').get_config('dim16')
