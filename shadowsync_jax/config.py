@@ -203,8 +203,10 @@ def base_config() -> ml_collections.ConfigDict:
   # overlaps computing with the exchange, at the price of staleness).
 
   config.train = ml_collections.ConfigDict()
-  config.train.log_every_steps = 100  # Steps between scalar writes (loss, examples/sec) to the metric stream.
-  config.train.log_every_s = 0.0  # Seconds between them as well (at the first block boundary after); 0 = steps only.
+  config.train.log_every_steps = 1000  # Steps between scalar writes (loss, examples/sec) to the metric stream.
+  # Seconds between them as well (at the first block boundary after); 0 = steps only. A write a second, however fast
+  # the steps: every 100 steps was a few writes a second on this CPU and tens on a GPU.
+  config.train.log_every_s = 1.0
   # Training steps in one dispatch (a jitted block of K steps over K batches already on the device; blocks end
   # where an event is due), or 'auto': the smallest K whose dispatch is long against the host's own work for it,
   # measured over the first blocks (block_plan.py). Typed `object`: a number or 'auto'.

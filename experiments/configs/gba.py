@@ -23,6 +23,7 @@ def get_config(variant: str = ''):
   config.optimizer.mlp_learning_rate = config.optimizer.embedding_learning_rate = 0.1
   if not variant:
     config.data.num_train_examples = 1_000_000
+    config.train.log_every_steps = 100  # Its loops write by steps alone.
   config.train.checkpoint_every_steps = 0  # A GBA checkpoint drains the workers: a barrier; only the final one.
   config.train.checkpoint_every_s = 0.0
   config.train.progress_every_s = 30.0
