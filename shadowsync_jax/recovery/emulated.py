@@ -144,15 +144,8 @@ class EmulatedFailures:
       )
     elif self._interval is None and self._emulated_save is not None:
       self._interval = intervals.young_interval_steps(self._emulated_save, self._mtbf, total_steps)
-    self._saver = None
-    if self.mode in ('cpr_mfu', 'cpr_ssu'):
-      self._saver = priority_rows.PrioritySaver(
-        pathlib.Path(workdir) / 'priority_rows',
-        self._cardinalities,
-        recovery.priority_fraction,
-        sample_rate=recovery.ssu_sample_rate if self.mode == 'cpr_ssu' else None,
-        seed=config.seed,
-      )
+    self._saver: priority_rows.PrioritySaver | None = None  # CPR-MFU/SSU's, made in `start` (its size: the rows').
+    self._workdir = pathlib.Path(workdir)
     self._priority_every = recovery.priority_every_steps or None
     self._ledger = row_usage.LostLookups(config.num_replicas, self._cardinalities) if self._partial else None
     self.account = Account()
@@ -182,6 +175,17 @@ class EmulatedFailures:
     """Before the first step: the clock starts at `step`; a fresh run saves its initial state to recover from."""
     tree = checkpointing.training_tree(state_L, sync_state_R)
     self._abstract = checkpointing.abstract_like(tree)
+    if self.mode in ('cpr_mfu', 'cpr_ssu'):
+      recovery = self._config.recovery
+      self._saver = priority_rows.PrioritySaver(
+        self._workdir / 'priority_rows',
+        self._cardinalities,
+        recovery.priority_fraction,
+        sample_rate=recovery.ssu_sample_rate if self.mode == 'cpr_ssu' else None,
+        seed=self._config.seed,
+        max_bytes=recovery.priority_max_bytes,
+        bytes_per_row=restore.bytes_per_row(state_L),
+      )
     self._checkpoint_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(self._abstract))
     self._executed = self._high_water = step
     if self._checkpointer.latest_step() != step:

@@ -1,7 +1,8 @@
 """CPR-MFU and CPR-SSU: count embedding row lookups and save the most used rows more often than full checkpoints.
 
   saver = priority_rows.PrioritySaver(workdir / 'priority_rows', cardinalities, fraction=0.1,
-                                      sample_rate=None, seed=0)    # None: MFU (exact counts); 0.05: SSU
+                                      sample_rate=None, seed=0,    # None: MFU (exact counts); 0.05: SSU
+                                      max_bytes=64 << 20, bytes_per_row=restore.bytes_per_row(state_L))
   saver.count(batch.sparse)                    # every step: per-table ids [..., T] of the batch (counted async)
   saver.save(step, rows)                       # every few steps: rows {'table': [R, V, D], ...} -> top rows, async
   saved = saver.latest()                       # (step, rows_K, {'table': [R, K, D], ...}) of the newest save
@@ -21,10 +22,11 @@ SSU counts a random sub-sample of the lookups (`row_usage.count_sampled_lookups`
 Two background threads do the work, as the embedding servers would beside serving lookups: one counts (the loop
 hands it the ids of 16 batches at a time: each hand-over wakes the thread, whose numpy work holds the GIL, so
 fewer hand-overs disturb the training thread less), one writes. A save takes the rows ranked (`row_usage.top_rows`,
-padded with unused rows to a fixed K = floor(fraction * V), so every save has the same shapes) on the counts as
-of the previous save, which the counter ranked in the meantime, so that no save waits for counting and the rows
-do not depend on thread timing; the first save waits for the counts and ranks them. It gathers the rows on the
-device (dispatched, not waited for: a copy, so the next step may donate the table) and hands them to the writer,
+padded with unused rows to a fixed K = floor(fraction * V), fewer where that would write more than `max_bytes`, so
+every save has the same shapes) on the counts as of the previous save, which the counter ranked in the meantime, so
+that no save waits for counting and the rows do not depend on thread timing; the first save waits for the counts
+and ranks them. It gathers the rows on the device (dispatched, not waited for: a copy, so the next step may donate
+the table) and hands them to the writer,
 which copies them to the host and writes `DIR/<step>.npz` (a temporary file renamed when complete: a process
 killed mid-write leaves the previous save). The training thread is blocked only for hand-overs, and while a
 thread is behind. Not orbax: its CheckpointManager is not safe to drive
@@ -144,11 +146,17 @@ class PrioritySaver:
     seed: int,
     max_to_keep: int = 2,
     shards: HeldShards | None = None,
+    max_bytes: int = 0,
+    bytes_per_row: int = 0,
   ):
+    """`max_bytes` (0: no cap) bounds a save's rows at `bytes_per_row` each (a row of every table leaf saved, over
+    every replica or shard held): K = min(floor(fraction * V), max_bytes // bytes_per_row)."""
     self.num_rows = int(sum(cardinalities))
     self._shards = shards
     rows_ranked = self.num_rows if shards is None else shards.layout.rows_per_shard
     self.rows_per_save = int(fraction * rows_ranked)  # Per shard, with `shards`.
+    if max_bytes and bytes_per_row:
+      self.rows_per_save = min(self.rows_per_save, max(1, max_bytes // bytes_per_row))
     if self.rows_per_save < 1:
       raise ValueError(f'recovery.priority_fraction={fraction} of {rows_ranked} embedding rows is no row.')
     # Written by the counting thread only. Sharded: this process's shards laid end to end.

@@ -190,7 +190,7 @@ class RealFailures:
         f'({self._plan_mode()} plan, start {self._generation + 1}).'
       )
     if self.mode in ('cpr_mfu', 'cpr_ssu'):
-      self._saver = self._make_saver()
+      self._saver = self._make_saver(state_L)
     return state_L, sync_state_R, position
 
   def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
@@ -459,7 +459,7 @@ class RealFailures:
   def _priority_interval(self) -> int:
     return self._config.recovery.priority_every_steps or max(1, (self._interval or 4) // 4)
 
-  def _make_saver(self) -> priority_rows.PrioritySaver:
+  def _make_saver(self, state_L: Any) -> priority_rows.PrioritySaver:
     recovery = self._config.recovery
     shards = None
     if self._config.sync.embedding_placement == 'sharded':
@@ -477,6 +477,8 @@ class RealFailures:
       sample_rate=recovery.ssu_sample_rate if self.mode == 'cpr_ssu' else None,
       seed=self._config.seed,
       shards=shards,
+      max_bytes=recovery.priority_max_bytes,
+      bytes_per_row=restore.bytes_per_row(state_L),
     )
 
   def _priority_directory(self) -> pathlib.Path:

@@ -32,6 +32,11 @@ def row_leaves(state_L: Any) -> dict[str, jax.Array]:
   return rows
 
 
+def bytes_per_row(state_L: Any) -> int:
+  """Bytes of one embedding row in `row_leaves` (the table's and the accumulator's), over every replica held."""
+  return sum(x.size * x.dtype.itemsize // x.shape[1] for x in row_leaves(state_L).values())
+
+
 def with_row_leaves(state_L: Any, rows: dict[str, jax.Array]) -> Any:
   state_L = state_L._replace(params={**state_L.params, 'embedding': rows['table']})
   if 'accumulator' in rows:

@@ -104,3 +104,23 @@ def test_a_shards_rows_written_back_into_that_shard_only():
   assert set(np.flatnonzero(table[0, :, 0])) == {1, 5} and np.all(table[0, [1, 5]] == 1.0)
   assert set(np.flatnonzero(table[1, :, 0])) == {0, 7} and np.all(table[1, [0, 7]] == 2.0)
   np.testing.assert_array_equal(np.flatnonzero(np.asarray(written['accumulator'])[1]), [0, 7])
+
+
+def test_a_byte_budget_caps_the_rows_a_save_takes_to_the_most_used(tmp_path):
+  """26 rows a save by the share; 2 replicas x (3 floats + 1 accumulator) = 32 bytes a row: 320 bytes take 10."""
+  table_RxVxD = jnp.arange(2 * 260 * 3, dtype=jnp.float32).reshape(2, 260, 3)
+  rows = {'table': table_RxVxD, 'accumulator': table_RxVxD[..., 0]}
+  state = type('State', (), {})()  # `restore.bytes_per_row` reads the row leaves of a train state.
+  state.params = {'embedding': table_RxVxD}
+  state.embedding_opt_state = embedding.RowwiseAdagradState(rows['accumulator'], rows['accumulator'])
+  assert restore.bytes_per_row(state) == 2 * (3 + 1) * 4
+  saver = priority_rows.PrioritySaver(
+    tmp_path, CARDINALITIES, fraction=0.1, sample_rate=None, seed=0, max_bytes=320, bytes_per_row=32
+  )
+  assert saver.rows_per_save == 10
+  offsets_T = embedding.table_offsets(CARDINALITIES)
+  for ids in _ids(3, 5) + _ids(7, 2):
+    saver.count(ids)
+  taken = saver.save(1, rows)  # Row 3 of every table, looked up most, ties by position: the first 10 tables'.
+  np.testing.assert_array_equal(taken, (offsets_T + 3)[:10])
+  saver.close()
