@@ -237,10 +237,10 @@ class _MetricLog:
 
 
 def steps_per_dispatch(config: ml_collections.ConfigDict) -> int | str:
-  """`train.steps_per_dispatch`, but 1 under a shadow thread (`shadow_*` without sharded tables): its pacer times
-  rounds step by step, and under blocks it read them 10-20 times dearer and spaced them 67-78 steps apart (the
-  sync study at 8 replicas, 3 seeds: shadow_ea +2.1% and shadow_bmuf +22% of sync_sgd's NE); until the pace is
-  measured in blocks, those runs keep one step a dispatch. `gba` and `async_sgd` have loops of their own, one step
+  """`train.steps_per_dispatch`, but 1 under a shadow thread (`shadow_*` without sharded tables): under blocks the
+  steps run faster, the pacer (a share of a faster loop) reads the rounds dearer and spaces them further apart, and
+  the sync study lost NE against sync_sgd (docs/studies/loop.md); until that trade is studied, those runs keep one
+  step a dispatch. `gba` and `async_sgd` have loops of their own, one step
   a dispatch (a worker pulls after every push)."""
   shadow_thread = config.sync.algorithm in config_lib.SHADOW_ALGORITHMS and config.sync.embedding_placement != 'sharded'
   return 1 if shadow_thread else config.train.steps_per_dispatch

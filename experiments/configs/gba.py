@@ -4,10 +4,9 @@ r"""The GBA study's setting: the default problem on 8 workers of batch 64, 1M ex
 
 `benchmarks.gba_study` trains `sync_sgd`, `async_sgd` and `gba` with these same hyperparameters, without and with
 stragglers (`--straggler_prob`, default 0.1: a step is 4x slower with that chance, per worker and step), and prints
-the table of docs/studies/gba.md. Expected on 2 CPU cores: about 5 minutes (8 with
-`--tune_learning_rates=0.025,0.05,0.1,0.2`); gba's eval NE within a few tenths of a percent of sync_sgd's; with
-stragglers gba about 2x sync_sgd's emulated examples/sec. `:tiny` is the smoke test's variant (the tiny problem,
-seconds per run; too short for the figures above).
+the table of docs/studies/gba.md (what it measured, and how long it took, in its result file:
+benchmarks/results/gba_study.md). `:tiny` is the smoke test's variant (the tiny problem, seconds per run; too short
+for the study's figures).
 """
 
 from experiments.configs import default

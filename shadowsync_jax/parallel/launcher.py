@@ -14,7 +14,7 @@ counts the replicas of the whole job). Output lines are prefixed `[p0]`, `[p1]`,
 prints (one line `error: ...`, exit status 2: `exit_codes`) is printed once.
 
 A warm standby (`prepare`, torchft's and elastic trainers' spare workers): the coordinator and every process
-started ahead of time, each process with `--standby`, so it has imported everything (about 1.5 s a process here)
+started ahead of time, each process with `--standby`, so it has imported everything
 and waits on its stdin; `run` then sends each one line (JSON: the environment it starts with, such as the step
 it is to be killed at) and it joins the job. `supervisor` prepares the next generation as soon as every process
 of the current one trains, so a restart skips the imports and the coordinator's start.

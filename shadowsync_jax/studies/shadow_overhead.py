@@ -24,7 +24,7 @@ throughput), unless `Settings` sets it. `table` is a markdown table: examples/se
 (medians over the windows), their ratio per pair (median, quartiles), rounds, mean sync gap, and the pace the rounds
 settled on with the round cost it came from; `note` names every setting changed from the defaults. The issue's
 target is a ratio of at least 0.95. Single pairs scatter by about 5-10% on a shared machine; 40 pairs put the median
-within about 1.5% (about 15 minutes for the three algorithms here). The interval of the median is distribution-free
+within about 1.5%. The interval of the median is distribution-free
 (`median_interval`, the sign test; about 96% for 40 pairs).
 """
 
