@@ -193,6 +193,9 @@ def test_a_straggler_holds_back_sync_sgd_but_not_shadow_ma_or_gba(tmp_path):
       '--config.straggler.slowdown=3',
       '--config.straggler.warmup_steps=2',  # 32 steps a process: a short warm-up and calibration leave 22 slowed.
       '--config.straggler.calibration_steps=7',
+      # One step a dispatch: over 32 steps a block's trailing sleep on the straggler (up to a block of its steps,
+      # which its peer does not wait for) read sync_sgd's fast/slow as 1.26-1.34 instead of 1.0.
+      '--config.train.steps_per_dispatch=1',
     )
     assert code == 0, output
     summary = _summary(workdir)
