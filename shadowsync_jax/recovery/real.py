@@ -236,10 +236,11 @@ class RealFailures:
     if self._live is not None:
       self._live.at_boundary(step, lambda: checkpointing.training_tree(state_L, self._local(driver.sync_state())))
     steps_timed = step - self._timing[1]
-    if self._needs_calibration() and steps_timed >= CALIBRATION_STEPS and self.requested_mode == 'none':
-      self._seconds_to_steps(step)
-    elif self._needs_calibration() and steps_timed >= CALIBRATION_STEPS:
-      self._calibrate(step, state_L, driver)
+    if self._needs_calibration() and steps_timed >= CALIBRATION_STEPS:
+      if self.requested_mode == 'none':  # Only the pace is needed: seconds between checkpoints as common steps.
+        self._seconds_to_steps(step)
+      else:
+        self._calibrate(step, state_L, driver)
     elif (self._interval and step % self._interval == 0) or self._save_due_by_time():
       self._save(step, state_L, self._local(driver.sync_state()))
     elif self._saver is not None and step % self._priority_interval() == 0:
@@ -362,7 +363,7 @@ class RealFailures:
   def _seconds_to_steps(self, step: int) -> None:
     """`train.checkpoint_every_s` as a common interval in steps for processes that step together: the seconds at
     the slowest process's mean step time (one exchange), or `train.checkpoint_every_steps` where that is shorter."""
-    step_s = max(distributed.exchange('checkpoint_step_s', self._mean_step_s(step)))
+    step_s = max(1e-9, *distributed.exchange('checkpoint_step_s', self._mean_step_s(step)))
     steps = max(1, round(self._config.train.checkpoint_every_s / step_s))
     self._interval = min(steps, self._interval or steps)
     self._seconds_in_steps = True
