@@ -43,7 +43,11 @@ class ControlPipe:
     return pipe
 
   def ready(self) -> None:
-    self._write(b'ready\n')
+    """Once, at the first step boundary: never lost (a `--kill_at` victim waits for every peer's)."""
+    if self.fd is not None:
+      os.set_blocking(self.fd, True)
+      self._write(b'ready\n')
+      os.set_blocking(self.fd, False)
 
   def step(self, step: int) -> None:
     self._write(b'step %d\n' % step)

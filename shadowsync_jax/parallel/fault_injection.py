@@ -7,10 +7,11 @@
 
 A kill at a step is deterministic and still a real kill (`control.ControlPipe.reached`): the process reaches the
 step (a checkpoint due there already started: a kill there lands in the save), asks for it and waits; the launcher
-answers with SIGKILL. Each `PROCESS@STEP` fires once, in the first start of the job in which that process reaches
-that step, so `1@40,0@90` kills process 1 at step 40, and process 0 at step 90 after the restart. Random kills are
-exponential in wall-clock time with mean `mtbf_s`, each of a process drawn uniformly, from a seeded generator: the
-same schedule for every run of a study.
+answers with SIGKILL once every process trains (a peer still starting is never the one to lose it). Each
+`PROCESS@STEP` fires once, in the first start of the job in which that process reaches that step, so `1@40,0@90`
+kills process 1 at step 40, and process 0 at step 90 after the restart. Random kills are exponential in wall-clock
+time with mean `mtbf_s`, each of a process drawn uniformly, from a seeded generator: the same
+schedule for every run of a study.
 """
 
 import dataclasses

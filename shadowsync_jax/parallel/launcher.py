@@ -142,6 +142,7 @@ class Generation:
     self._lock = threading.Lock()
     self._printed_errors: set[str] = set()
     self._ready: set[int] = set()
+    self._kill_waiting: tuple[int, int] | None = None  # (process, step): a `--kill_at` victim waits for its peers.
     self._steps: list[int | None] = [None] * num_processes
     self._times: dict[str, float] = {}
     self._failure: Failure | None = None
@@ -403,8 +404,18 @@ class Generation:
             if self._on_ready is not None:
               threading.Thread(target=self._on_ready, name='standby', daemon=True).start()
         elif len(words) == 2 and words[0] == 'kill':
-          step = int(words[1])
-          self._kill(process_id, Failure(process_id, f'was killed by SIGKILL at step {step} (--kill_at)', True, step))
+          with self._lock:
+            self._kill_waiting = (process_id, int(words[1]))
+        self._kill_the_waiting_victim()
+
+  def _kill_the_waiting_victim(self) -> None:
+    """A process at its `--kill_at` step waits there to be killed; it is killed once every process trains (a peer
+    still starting would otherwise lose it before it could save or write anything down, as `random_kill` waits)."""
+    with self._lock:
+      if self._kill_waiting is None or len(self._ready) < self._num_processes:
+        return
+      (process_id, step), self._kill_waiting = self._kill_waiting, None
+    self._kill(process_id, Failure(process_id, f'was killed by SIGKILL at step {step} (--kill_at)', True, step))
 
 
 @functools.cache
