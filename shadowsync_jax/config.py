@@ -190,6 +190,11 @@ def base_config() -> ml_collections.ConfigDict:
   config.recovery.priority_max_bytes = 64 << 20
   config.recovery.priority_every_steps = 0  # cpr_*: steps between priority saves; 0 = a quarter of the interval.
   config.recovery.ssu_sample_rate = 0.05  # cpr_ssu: the share of lookups counted.
+  # Checkpoints that cost what changed (recovery/incremental.py; Check-N-Run, NSDI 2022): a full baseline, then
+  # only the rows written since it, in the background. 'auto': where only the steps change the tables and a full
+  # save would block the loop (tables this large); True or False. Typed `object`: 'auto' or a boolean.
+  config.recovery.incremental = ml_collections.FieldReference('auto', field_type=object)
+  config.recovery.rebaseline_fraction = 0.5  # A new baseline once this share of the rows changed since the last.
 
   # gba / async_sgd (docs/design.md §8; GBA: Su et al., NeurIPS 2022): the server's staleness rule; in one process the
   # emulated worker step times that order the gradients' arrivals (gba/emulated.py); across processes the workers
@@ -226,6 +231,25 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.eval_batch_size = 8192  # Examples per forward pass in evaluation.
   config.train.eval_per_replica = False  # Also evaluate every replica alone (summary: eval_ne_per_replica).
   return config
+
+
+def incremental_setting(value: Any) -> bool | str | None:
+  """`recovery.incremental` as 'auto', True or False (a flag's text too); None: not one of them."""
+  text = str(value).lower()
+  return {'auto': 'auto', 'true': True, 'false': False}.get(text)
+
+
+def incremental_why_not(config: ml_collections.ConfigDict) -> str | None:
+  """None where only the training steps write table rows (each row they write is stamped: what incremental
+  checkpoints save, recovery/incremental.py); otherwise why incremental checkpoints cannot be exact."""
+  sync = config.sync
+  without_rounds = sync.algorithm in ('none', 'sync_sgd')
+  if sync.embedding_placement == 'sharded' or config.num_replicas == 1 or without_rounds or sync.what == 'dense':
+    return None
+  return (
+    f'sync.algorithm={sync.algorithm!r} with sync.what={sync.what!r} rewrites table rows in its rounds, which no '
+    "step stamps: use sync.what='dense', sharded tables, or recovery.incremental=false"
+  )
 
 
 def min_interval_from_text(text: str) -> float | str:
@@ -531,6 +555,12 @@ def _check_recovery(config: ml_collections.ConfigDict, num_processes: int) -> No
     raise ConfigError(f'recovery.priority_max_bytes={recovery.priority_max_bytes} must be >= 0 (0 = no cap).')
   if not 0 < recovery.ssu_sample_rate <= 1:
     raise ConfigError(f'recovery.ssu_sample_rate={recovery.ssu_sample_rate} must be in (0, 1].')
+  if incremental_setting(recovery.incremental) is None:
+    raise ConfigError(f"recovery.incremental={recovery.incremental!r} must be 'auto', true or false.")
+  if incremental_setting(recovery.incremental) is True and (why := incremental_why_not(config)):
+    raise ConfigError(f'recovery.incremental=true: {why}.')
+  if not 0 < recovery.rebaseline_fraction <= 1:
+    raise ConfigError(f'recovery.rebaseline_fraction={recovery.rebaseline_fraction} must be in (0, 1].')
   for key in ('recovery.checkpoint_every_steps', 'recovery.priority_every_steps'):
     if _get(config, key) < 0:
       raise ConfigError(f'{key}={_get(config, key)} must be >= 0 (0 = chosen by the run).')

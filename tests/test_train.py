@@ -117,6 +117,30 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, monkeypatch, overr
   assert resumed['eval_auc'] == pytest.approx(uninterrupted['eval_auc'], rel=1e-6)
 
 
+@pytest.mark.parametrize(
+  'overrides',
+  [{}, {'num_replicas': 4, 'batch_size': 32, 'sync__algorithm': 'fr_ma', 'sync__embedding_placement': 'sharded'}],
+  ids=['one_table', 'sharded'],
+)
+def test_incremental_checkpoints_resume_bit_for_bit(one_replica_run, tmp_path, overrides):
+  """A baseline at step 16, differentials at 32, 48 and at the stop (50; the tiny tables' rows nearly all change
+  between two saves: no new baseline until all did): the resumed run reads the baseline and the differential of 50
+  over it, and ends with the model of the run never stopped."""
+  settings = {'train__checkpoint_every_steps': 16, 'recovery__incremental': True, **overrides}
+  settings['recovery__rebaseline_fraction'] = 1.0
+  uninterrupted = one_replica_run[1] if not overrides else train.train_and_evaluate(_tiny(**overrides), tmp_path / 'a')
+  assert train.train_and_evaluate(_tiny(train__stop_at_step=50, **settings), tmp_path / 'b') == {'stopped_at_step': 50}
+  differentials = tmp_path / 'b' / 'checkpoints' / 'differentials' / 'process_0'
+  assert sorted(path.name for path in differentials.glob('*.npz'))[-1] == '50_16.npz'
+  resumed = train.train_and_evaluate(_tiny(**settings), tmp_path / 'b')
+  assert resumed['resumed_from_step'] == 50
+  assert resumed['consensus_fingerprint_per_process'] == uninterrupted['consensus_fingerprint_per_process']
+  assert resumed['eval_ne'] == uninterrupted['eval_ne']
+  # This start's saves (every 16 steps from 64, and the final one): all differentials of the baseline of 16.
+  assert resumed['checkpoint_baselines'] == [0] and resumed['checkpoint_saves'][0] >= (512 - 64) // 16
+  assert resumed['checkpoints']['incremental'] is True
+
+
 @pytest.mark.parametrize('algorithm', ['none', 'fr_ma', 'shadow_ea'])
 def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm):
   """examples/sec counts from the end of the first block (one step): a compile after it (the first round, merge,

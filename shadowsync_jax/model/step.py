@@ -39,6 +39,9 @@ class TrainState(NamedTuple):
   mlp_opt_state: optax.OptState
   embedding_opt_state: Any
   step: jax.Array  # int32 []
+  # int32 [V]: for each row of this device's table, the step count after the update that last wrote it (0: none
+  # since the start). Which rows changed since a checkpoint: those stamped after it (`recovery.incremental`).
+  row_steps: Any = None
 
 
 def init_train_state(
@@ -71,6 +74,7 @@ def init_train_state(
       mlp_opt_state=mlp_optimizer.init(mlp_params),
       embedding_opt_state=embedding_optimizer.init(table_VxD),
       step=jnp.zeros((), jnp.int32),
+      row_steps=jnp.zeros(table_VxD.shape[:1], jnp.int32),
     )
 
   return init(key)
@@ -136,11 +140,15 @@ def make_apply_fn(
     table_VxD, embedding_opt_state = embedding_optimizer.update(
       state.params['embedding'], state.embedding_opt_state, row_ids_N, row_grads_NxD
     )
+    row_steps = state.row_steps
+    if row_steps is not None:  # Every row the optimizer was handed is stamped (ids >= V are dropped, as there).
+      row_steps = row_steps.at[row_ids_N].set(state.step + 1, mode='drop')
     return TrainState(
       params={'mlp': mlp_params, 'embedding': table_VxD},
       mlp_opt_state=mlp_opt_state,
       embedding_opt_state=embedding_opt_state,
       step=state.step + 1,
+      row_steps=row_steps,
     )
 
   return apply

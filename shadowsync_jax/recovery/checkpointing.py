@@ -111,6 +111,7 @@ class Checkpointer:
     )
     self._leaf_reader: ocp.Checkpointer | None = None  # For restore_partial, made on first use.
     self._timings: dict[str, list[float]] = {'save_blocking_s': [], 'restore_s': []}
+    self._bytes_written = 0
     self._last_blocked = False
 
   def _state_handler(self) -> ocp.PyTreeCheckpointHandler:
@@ -235,6 +236,7 @@ class Checkpointer:
       self._manager.wait_until_finished()
     if started:
       self._timings['save_blocking_s'].append(time.perf_counter() - started_s)
+      self._bytes_written += memory.state_bytes(state)
     return started
 
   def stats(self) -> dict[str, Any]:
@@ -248,12 +250,26 @@ class Checkpointer:
       'saves_block': bool(saves) and self._last_blocked,
       'restores': len(restores),
       'restore_s': mean(restores),
+      # As `incremental.IncrementalCheckpointer` reports them: every save here is a whole one.
+      'checkpoint_saves': len(saves),
+      'checkpoint_baselines': len(saves),
+      'checkpoint_bytes_written': self._bytes_written,
+      'checkpoint_blocked_s': sum(saves),
+      'incremental': False,
     }
 
   @staticmethod
   def blocks(state: PyTree) -> bool:
     """Whether a save of `state` blocks (it is too large to be read while the training goes on)."""
     return memory.state_bytes(state) > ASYNC_SAVE_MAX_BYTES
+
+  def delete(self, steps: list[int]) -> None:
+    """Deletes the checkpoints of `steps` (those on disk)."""
+    self._manager.wait_until_finished()
+    on_disk = set(self._manager.all_steps())
+    for step in steps:
+      if step in on_disk:
+        self._manager.delete(step)
 
   def delete_after(self, step: int) -> list[int]:
     """Deletes the checkpoints newer than `step` (a timeline abandoned by a full recovery); returns their steps."""

@@ -51,14 +51,17 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from shadowsync_jax import config as config_lib
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.model import table_placement
 from shadowsync_jax.parallel import control
 from shadowsync_jax.parallel import distributed
 from shadowsync_jax.parallel import history
+from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import cost_model
+from shadowsync_jax.recovery import incremental
 from shadowsync_jax.recovery import intervals
 from shadowsync_jax.recovery import live_state
 from shadowsync_jax.recovery import modes
@@ -70,6 +73,13 @@ from shadowsync_jax.recovery import restore
 PyTree = Any
 CALIBRATION_STEPS = 20  # Steps timed before a measured save cost sets an interval (and `cpr` chooses).
 LIVE_MODES = (*modes.PARTIAL_MODES, 'cpr')  # Whose survivors keep their live state.
+_PER_PROCESS_CHECKPOINT_KEYS = (
+  'checkpoint_saves',
+  'checkpoint_baselines',
+  'checkpoint_bytes_written',
+  'checkpoint_blocked_s',
+  'incremental',
+)
 
 
 class UnrecoverableError(RuntimeError):
@@ -98,10 +108,7 @@ class RealFailures:
     self._lock_step = algorithm == 'sync_sgd' or algorithm.startswith('fr_') or sharded
     self._choice: cost_model.Choice | None = None
     self.mode = self._decided_mode()
-    keep_older = self.mode == 'full' or self.requested_mode == 'cpr' or self._lock_step  # A common cut may need them.
-    self._checkpointer = checkpointing.Checkpointer(
-      self._workdir / 'checkpoints', meshes, max_to_keep=None if keep_older else 2
-    )
+    self._checkpointer: checkpointing.Checkpointer | incremental.IncrementalCheckpointer | None = None  # `resume`.
     self._live = None
     if self.requested_mode in LIVE_MODES:
       self._live = live_state.LiveKeeper(self._workdir / 'live' / self._writer)  # Its copy rate: set in `start`.
@@ -127,6 +134,8 @@ class RealFailures:
     """Restores what the restart plan gives this process (`fresh()`, built only then, on a fresh workdir); returns
     the state, the sync state (job-wide, as the sync drivers hold it) and the step the stream goes on from."""
     distributed.report(0, 'setup')
+    abstract = fresh.abstract()
+    self._checkpointer = self._make_checkpointer(memory.state_bytes(abstract))
     reached = history.positions_reached(self._workdir, self._generation - 1) if self._generation else {}
     live_steps = self._live.steps() if self._live is not None else []
     mine = restart_plan.Holdings(tuple(self._checkpointer.all_steps()), tuple(live_steps), reached)
@@ -145,10 +154,10 @@ class RealFailures:
       tree = checkpointing.training_tree(state_L, self._local(sync_state_R))
     started = time.perf_counter()
     if source == 'live':
-      tree = self._live.restore(restored_step, fresh.abstract())
+      tree = self._live.restore(restored_step, abstract)
     elif source == 'checkpoint':
       try:
-        tree, _ = self._checkpointer.restore(restored_step, fresh.abstract())
+        tree, _ = self._checkpointer.restore(restored_step, abstract)
       except Exception as error:  # pylint: disable=broad-except  (whatever a truncated or damaged file raises)
         raise UnrecoverableError(
           f'process {self._process} cannot read its checkpoint of step {restored_step} in '
@@ -299,6 +308,8 @@ class RealFailures:
       details['cpr_choice'] = self._choice.to_dict()
     if self.requested_mode == 'none' and not job['num_restarts']:
       details = None  # Nothing failed and nothing was asked: no details.
+    stats = self._checkpointer.stats()
+    everyone = distributed.exchange('checkpoint_stats', {key: stats[key] for key in _PER_PROCESS_CHECKPOINT_KEYS})
     return {
       'recovery_mode': self.requested_mode,
       'recovered_as': self.mode,
@@ -311,9 +322,23 @@ class RealFailures:
       'estimated_pls': estimated_pls,
       'actual_pls': job['actual_pls'],  # Of every partial restart (none under full recovery).
       'checkpoint_interval_steps': self._interval,
-      'checkpoints': self._checkpointer.stats(),  # This process's: saves (blocking or not) and restores, timed.
+      'checkpoints': stats,  # This process's: saves (blocking or not) and restores, timed.
+      # Every process's, in process order: whole saves (baselines), all saves, bytes written, seconds blocked.
+      **{key: [s[key] for s in everyone] for key in _PER_PROCESS_CHECKPOINT_KEYS},
       'recovery': details,
     }
+
+  def _make_checkpointer(self, state_bytes: int) -> checkpointing.Checkpointer | incremental.IncrementalCheckpointer:
+    """This process's checkpoints: whole, or incremental (`recovery.incremental`), keeping what a restart may
+    need: everything a common cut may need under full recovery, `cpr` and lock-step algorithms; else the two newest."""
+    keep_older = self.mode == 'full' or self.requested_mode == 'cpr' or self._lock_step
+    directory, keep = self._workdir / 'checkpoints', None if keep_older else 2
+    recovery = self._config.recovery
+    setting = config_lib.incremental_setting(recovery.incremental)
+    if not incremental.enabled(setting, config_lib.incremental_why_not(self._config), state_bytes):
+      return checkpointing.Checkpointer(directory, self._meshes, max_to_keep=keep)
+    full = checkpointing.Checkpointer(directory, self._meshes, max_to_keep=None)
+    return incremental.IncrementalCheckpointer(full, self._meshes, recovery.rebaseline_fraction, keep=keep)
 
   # Modes and intervals.
 
@@ -496,7 +521,10 @@ class RealFailures:
     if rows.ndim == 1:  # Replicated tables: the same rows of every replica's table.
       rows = np.broadcast_to(rows, (state_L.step.shape[0], rows.shape[0]))
     recovered = restore.write_rows_per_replica(live, jnp.asarray(rows), values)
-    return restore.with_row_leaves(state_L, restore.placed_like(recovered, live)), step
+    state_L = restore.with_row_leaves(state_L, restore.placed_like(recovered, live))
+    # Rows written outside a step: stamped, so that the next incremental checkpoint holds them.
+    stamps = incremental.stamp_rows(state_L.row_steps, jnp.asarray(rows), jnp.int32(position))
+    return state_L._replace(row_steps=jax.device_put(stamps, state_L.row_steps.sharding)), step
 
   def _local(self, sync_state_R: PyTree) -> PyTree:
     """This process's copies of the job-wide sync state (what its checkpoints hold)."""

@@ -1,0 +1,314 @@
+"""Checkpoints that cost what changed: a full baseline now and then, between them the rows changed since it.
+
+  checkpointer = incremental.IncrementalCheckpointer(
+      checkpointing.Checkpointer(workdir / 'checkpoints', meshes, max_to_keep=None), rebaseline_fraction=0.5)
+  checkpointer.save(step, tree_L)                    # a baseline (first; when a differential would be as large)
+                                                     # or a differential (written in the background)
+  tree_L, data = checkpointer.restore(step, abstract_L)   # its baseline, then its differential over it
+  checkpointer.all_steps(); checkpointer.delete_before(step); checkpointer.delete_after(step)   # as `Checkpointer`
+
+Check-N-Run (Eisenman et al., NSDI 2022) writes only the embedding rows modified since the last baseline, and a new
+baseline when that differential grows about as large (its "intermittent differential" checkpoints); Monolith,
+PERSIA and TorchRec's `ModelDeltaTracker` track touched rows the same way. Here the train state says which rows
+changed: `row_steps` stamps every row the optimizer writes with the step count after it (`model.step`), so the
+rows changed since a baseline of step b are those stamped after b, exactly, on whichever device holds them
+(a replica's table, a shared copy, a shard of a sharded table). Rows are changed by the steps only where no sync
+round rewrites tables (`config.incremental_why_not`).
+
+A baseline is `checkpointing.Checkpointer`'s save of the whole state (blocking above its async limit). A
+differential of step s holds everything but the row leaves (the MLP, its optimizer, counters, sync state: small),
+and for each local device the rows stamped after its baseline b with their values in every row leaf (the table,
+the optimizer's per-row state, the stamps): `<checkpoints>/differentials/process_<p>/<s>_<b>.npz`. The training
+thread reads the stamps, gathers the changed rows into new buffers and copies the dense leaves on the device
+(dispatched, so the next step may update the state in place); a thread of its own copies them to the host and
+writes the file (a temporary file, fsynced and renamed: a process killed mid-write leaves no differential). A
+restore reads the baseline, then one differential over it (never a chain): bit for bit the state that was saved.
+A differential is started only once its baseline is complete on disk.
+
+Retention: a differential needs its baseline, so deleting a checkpoint never deletes a baseline that a kept
+differential names; `keep` (None: all) keeps the newest complete checkpoints and what they need, also across
+restarts (the directory is read at start; a temporary file left by a kill is removed).
+"""
+
+from concurrent import futures
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from shadowsync_jax.parallel import memory
+from shadowsync_jax.parallel import replicas
+from shadowsync_jax.recovery import checkpointing
+
+PyTree = Any
+_ROW_PREFIXES = ("['train'].params['embedding']", "['train'].embedding_opt_state", "['train'].row_steps")
+_STAMPS = "['train'].row_steps"
+
+
+def enabled(setting: bool | str, why_not: str | None, state_bytes: int) -> bool:
+  """`recovery.incremental` for this run (`config.incremental_setting`): 'auto' is on where it applies (`why_not`
+  None: `config.incremental_why_not`) and a full save would block the loop (this process's state above
+  `checkpointing.ASYNC_SAVE_MAX_BYTES`); True and False as given."""
+  if setting == 'auto':
+    return why_not is None and state_bytes > checkpointing.ASYNC_SAVE_MAX_BYTES
+  return bool(setting)
+
+
+def is_row_leaf(path: str, leaf: Any, num_rows: int) -> bool:
+  """Whether a leaf of a training tree is indexed by embedding row on its second axis ([L, V, ...])."""
+  return path.startswith(_ROW_PREFIXES) and getattr(leaf, 'ndim', 0) >= 2 and leaf.shape[1] == num_rows
+
+
+@jax.jit
+def _gather(rows: list[jax.Array], ids_LxM: jax.Array) -> list[jax.Array]:
+  """Each leaf [L, V, ...] at rows `ids_LxM` of each device ([L, M, ...]); ids >= V read zeros."""
+  take = lambda x: jax.vmap(lambda x_1, ids: x_1.at[ids].get(mode='fill', fill_value=0))(x, ids_LxM)
+  return [take(x) for x in rows]
+
+
+@jax.jit
+def _copy(tree: PyTree) -> PyTree:
+  return jax.tree.map(jnp.copy, tree)
+
+
+@jax.jit
+def _scatter(rows: list[jax.Array], ids_LxM: jax.Array, values: list[jax.Array]) -> list[jax.Array]:
+  """Each leaf [L, V, ...] with rows `ids_LxM` of each device set to `values` ([L, M, ...]); ids >= V dropped."""
+  put = lambda x, v: jax.vmap(lambda x_1, ids, v_1: x_1.at[ids].set(v_1, mode='drop'))(x, ids_LxM, v)
+  return [put(x, v) for x, v in zip(rows, values)]
+
+
+@jax.jit
+def stamp_rows(row_steps_LxV: jax.Array, rows_LxK: jax.Array, step: jax.Array) -> jax.Array:
+  """`row_steps` with rows `rows_LxK` of each device stamped `step`: rows written outside a step (a priority
+  save's rows over a restored state) that the next differential must hold."""
+  return jax.vmap(lambda r, ids: r.at[ids].set(step, mode='drop'))(row_steps_LxV, rows_LxK)
+
+
+def _bucket(count: int) -> int:
+  """A padded row count (a power of two from 256): few shapes, so few compiled gathers."""
+  return max(256, 1 << max(0, count - 1).bit_length())
+
+
+class IncrementalCheckpointer:
+  """Baselines through `full` (a `checkpointing.Checkpointer` that keeps everything: retention is decided here),
+  differentials beside them (module docstring)."""
+
+  def __init__(
+    self,
+    full: checkpointing.Checkpointer,
+    meshes: replicas.ReplicaMeshes,
+    rebaseline_fraction: float = 0.5,
+    keep: int | None = None,
+  ):
+    self._full, self._meshes = full, meshes
+    self._rebaseline_fraction, self._keep = rebaseline_fraction, keep
+    self.directory = full.directory
+    self._differentials = full.directory.parent / 'differentials' / full.directory.name
+    self._differentials.mkdir(parents=True, exist_ok=True)
+    for stale in self._differentials.glob('*.tmp'):
+      stale.unlink()  # A differential a kill cut short: never complete, never read.
+    self._writer = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix='differential-writer')
+    self._pending: futures.Future | None = None
+    self._baseline: int | None = max(self._full.all_steps(), default=None)
+    self._counts = {'saves': 0, 'baselines': 0, 'differentials': 0, 'bytes_written': 0, 'rows_written': 0}
+    self._blocked_s = 0.0
+
+  # What is on disk.
+
+  def _differential_steps(self) -> dict[int, int]:
+    """{step: its baseline's step} of the complete differentials."""
+    found = {}
+    for path in self._differentials.glob('*.npz'):
+      step, baseline = path.name.removesuffix('.npz').split('_')
+      found[int(step)] = int(baseline)
+    return found
+
+  def all_steps(self) -> list[int]:
+    """The steps of the complete checkpoints, baselines and differentials, ascending."""
+    return sorted(set(self._full.all_steps()) | set(self._differential_steps()))
+
+  def latest_step(self) -> int | None:
+    return max(self.all_steps(), default=None)
+
+  def baseline_of(self, step: int) -> int:
+    return self._differential_steps().get(step, step)
+
+  # Saves.
+
+  def save(self, step: int, tree: PyTree, **data: Any) -> bool:
+    """A baseline (the first; or when the rows changed since the last would be `rebaseline_fraction` of all) or a
+    differential of this process's `tree` at `step`; False if `step` is saved already."""
+    if step in self.all_steps():
+      return False
+    started = time.perf_counter()
+    self._finish_writing()
+    self._prune()
+    if self._baseline is not None and self._full.saving():
+      self._full.wait()  # A differential needs its baseline complete on disk.
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    stamps = next(leaf for path, leaf in flat if jax.tree_util.keystr(path) == _STAMPS)
+    changed = None
+    if self._baseline is not None and self._baseline in self._full.all_steps():
+      stamps_LxV = np.asarray(stamps)
+      changed = [np.flatnonzero(row > self._baseline).astype(np.int32) for row in stamps_LxV]
+      if sum(len(c) for c in changed) >= self._rebaseline_fraction * stamps_LxV.size:
+        changed = None
+    if changed is None:
+      saved = self._full.save(step, tree, **data)
+      self._baseline = step
+      self._account('baseline', memory.state_bytes(tree), int(np.prod(stamps.shape)))
+    else:
+      saved = self._save_differential(step, flat, stamps.shape[1], changed, data)
+    self._blocked_s += time.perf_counter() - started
+    return saved
+
+  def _save_differential(
+    self, step: int, flat: list, num_rows: int, changed: list[np.ndarray], data: dict[str, Any]
+  ) -> bool:
+    counts = [len(c) for c in changed]
+    ids_LxM = np.full((len(changed), _bucket(max(counts))), num_rows, np.int32)
+    for local, ids in enumerate(changed):
+      ids_LxM[local, : len(ids)] = ids
+    sharding = replicas.replica_sharding(self._meshes.local)
+    row_paths = [jax.tree_util.keystr(p) for p, x in flat if is_row_leaf(jax.tree_util.keystr(p), x, num_rows)]
+    rows = _gather([x for p, x in flat if jax.tree_util.keystr(p) in row_paths], jax.device_put(ids_LxM, sharding))
+    dense = _copy({jax.tree_util.keystr(p): x for p, x in flat if jax.tree_util.keystr(p) not in row_paths})
+    meta = {'step': step, 'baseline': self._baseline, 'rows_changed': counts, 'data': {'step': step, **data}}
+    self._pending = self._writer.submit(self._write, step, meta, changed, dict(zip(row_paths, rows)), dense)
+    return True
+
+  def _write(self, step: int, meta: dict, changed: list, rows: dict, dense: dict) -> None:
+    leaves = {f'dense:{path}': np.asarray(x) for path, x in jax.device_get(dense).items()}
+    for path, values_LxM in jax.device_get(rows).items():
+      for local, ids in enumerate(changed):
+        leaves[f'rows:{local}:{path}'] = np.asarray(values_LxM[local, : len(ids)])
+    for local, ids in enumerate(changed):
+      leaves[f'ids:{local}'] = ids
+    path = self._differentials / f'{step}_{meta["baseline"]}.npz'
+    temporary = path.with_suffix('.npz.tmp')
+    with open(temporary, 'wb') as file:
+      np.savez(file, meta=np.asarray(json.dumps(meta)), **leaves)
+      file.flush()
+      os.fsync(file.fileno())
+    os.replace(temporary, path)
+    self._account('differential', path.stat().st_size, sum(len(ids) for ids in changed))
+
+  def _account(self, kind: str, num_bytes: int, rows: int) -> None:
+    self._counts['saves'] += 1
+    self._counts[f'{kind}s'] += 1
+    self._counts['bytes_written'] += num_bytes
+    self._counts['rows_written'] += rows
+
+  def _finish_writing(self) -> None:
+    if self._pending is not None:
+      pending, self._pending = self._pending, None
+      pending.result()  # Its error, if any, is raised here.
+
+  # Restores.
+
+  def restore(self, step: int, abstract: PyTree) -> tuple[PyTree, dict[str, Any]]:
+    """The checkpoint at `step` as (tree, data): a baseline as `Checkpointer.restore` reads it, a differential as
+    its baseline with its rows and dense leaves over it."""
+    self.wait()
+    baseline = self._differential_steps().get(step)
+    if baseline is None:
+      tree, data = self._full.restore(step, abstract)
+      self._baseline = step
+      return tree, data
+    tree, _ = self._full.restore(baseline, abstract)
+    with np.load(self._differentials / f'{step}_{baseline}.npz') as saved:
+      meta = json.loads(str(saved['meta']))
+      flat, structure = jax.tree_util.tree_flatten_with_path(tree)
+      num_rows = next(x for p, x in flat if jax.tree_util.keystr(p) == _STAMPS).shape[1]
+      paths = [jax.tree_util.keystr(p) for p, _ in flat]
+      leaves = [x for _, x in flat]
+      row_index = [i for i, (p, x) in enumerate(zip(paths, leaves)) if is_row_leaf(p, x, num_rows)]
+      for i, (p, x) in enumerate(zip(paths, leaves)):
+        if i not in row_index:
+          leaves[i] = jax.device_put(saved[f'dense:{p}'], x.sharding)
+      num_local = len(meta['rows_changed'])
+      ids_LxM = np.full((num_local, _bucket(max(meta['rows_changed']))), num_rows, np.int32)
+      values = [np.zeros((num_local, ids_LxM.shape[1], *leaves[i].shape[2:]), leaves[i].dtype) for i in row_index]
+      for local in range(num_local):
+        ids = saved[f'ids:{local}']
+        ids_LxM[local, : len(ids)] = ids
+        for v, i in zip(values, row_index):
+          v[local, : len(ids)] = saved[f'rows:{local}:{paths[i]}']
+    sharding = replicas.replica_sharding(self._meshes.local)
+    placed = lambda x: jax.device_put(x, sharding)
+    rows = _scatter([leaves[i] for i in row_index], placed(ids_LxM), [placed(v) for v in values])
+    for i, x in zip(row_index, rows):
+      leaves[i] = jax.device_put(x, leaves[i].sharding)
+    self._baseline = baseline
+    return jax.block_until_ready(jax.tree.unflatten(structure, leaves)), meta['data']
+
+  # Retention.
+
+  def _delete(self, steps: list[int]) -> None:
+    differentials = self._differential_steps()
+    for step in steps:
+      if step in differentials:
+        (self._differentials / f'{step}_{differentials[step]}.npz').unlink(missing_ok=True)
+    self._full.delete([s for s in steps if s not in differentials])
+
+  def _needed(self, kept: list[int]) -> set[int]:
+    """`kept` and the baselines they need, and the baseline the next differential will name."""
+    differentials = self._differential_steps()
+    return set(kept) | {differentials.get(s, s) for s in kept} | ({self._baseline} - {None})
+
+  def _prune(self) -> None:
+    if self._keep is not None:
+      steps = self.all_steps()
+      needed = self._needed(steps[-self._keep :])
+      self._delete([s for s in steps if s not in needed])
+
+  def delete_after(self, step: int) -> list[int]:
+    """Deletes the checkpoints newer than `step` (a timeline abandoned); returns their steps."""
+    self.wait()
+    newer = [s for s in self.all_steps() if s > step]
+    self._delete(newer)
+    if self._baseline is not None and self._baseline > step:
+      self._baseline = max((s for s in self._full.all_steps() if s <= step), default=None)
+    return newer
+
+  def delete_before(self, step: int) -> None:
+    """Deletes the checkpoints older than `step` but the newest, and never a baseline a kept one needs."""
+    self.wait()
+    steps = self.all_steps()
+    needed = self._needed([s for s in steps if s >= step] + steps[-1:])
+    self._delete([s for s in steps if s < step and s not in needed])
+
+  # The rest of `Checkpointer`'s interface.
+
+  def wait(self) -> None:
+    """Returns once every save started is on disk (and what `keep` no longer needs is deleted)."""
+    self._full.wait()
+    self._finish_writing()
+    self._prune()
+
+  def saving(self) -> bool:
+    return self._full.saving() or (self._pending is not None and not self._pending.done())
+
+  def stats(self) -> dict[str, Any]:
+    """`Checkpointer.stats` and what incremental checkpoints wrote: baselines, differentials, their bytes and
+    rows, and the seconds the loop was blocked by them."""
+    self.wait()
+    full = self._full.stats()
+    saves = self._counts['saves']
+    return {
+      **full,
+      **{f'checkpoint_{key}': value for key, value in self._counts.items()},
+      'checkpoint_blocked_s': self._blocked_s,
+      'save_blocking_s': self._blocked_s / saves if saves else None,
+      'incremental': True,
+    }
+
+  def close(self) -> None:
+    self.wait()
+    self._writer.shutdown()
+    self._full.close()

@@ -1,0 +1,137 @@
+"""Incremental checkpoints: a baseline, then the rows changed since it; a restore is exactly what was saved, and
+nothing a restore may need is deleted."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from shadowsync_jax import config as config_lib
+from shadowsync_jax.model import embedding
+from shadowsync_jax.model import step as step_lib
+from shadowsync_jax.parallel import replicas
+from shadowsync_jax.recovery import checkpointing
+from shadowsync_jax.recovery import incremental
+from experiments.configs import default
+
+L, V, D = 2, 1000, 3
+
+
+def _state(meshes, rng):
+  placed = lambda x: jax.device_put(x, replicas.replica_sharding(meshes.local))
+  state = step_lib.TrainState(
+    params={'mlp': {'w': rng.standard_normal((L, 4, 2)).astype(np.float32)}, 'embedding': np.zeros((L, V, D))},
+    mlp_opt_state={'sum': rng.standard_normal((L, 4, 2)).astype(np.float32)},
+    embedding_opt_state=embedding.RowwiseAdagradState(np.zeros((L, V), np.float32), np.zeros((L, V), np.float32)),
+    step=np.zeros(L, np.int32),
+    row_steps=np.zeros((L, V), np.int32),
+  )
+  state = state._replace(params={**state.params, 'embedding': rng.standard_normal((L, V, D)).astype(np.float32)})
+  return jax.tree.map(placed, {'train': state})
+
+
+def _train(tree, rng, step, rows_per_replica):
+  """Writes `rows_per_replica` random rows of each replica's table and optimizer state, stamped, as a step does;
+  and every dense leaf."""
+  host = jax.tree.map(np.array, tree)
+  state = host['train']
+  for replica in range(L):
+    rows = rng.choice(V, rows_per_replica, replace=False)
+    state.params['embedding'][replica, rows] = rng.standard_normal((rows_per_replica, D))
+    state.embedding_opt_state.accumulator_V[replica, rows] += 1.0
+    state.row_steps[replica, rows] = step
+  state.params['mlp']['w'][:] = rng.standard_normal(state.params['mlp']['w'].shape)
+  state.step[:] = step
+  sharding = jax.tree.leaves(tree)[0].sharding
+  return jax.tree.map(lambda x: jax.device_put(x, sharding), host)
+
+
+def _assert_equal(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_differentials_hold_the_rows_changed_since_the_baseline_and_restore_exactly(tmp_path):
+  meshes, rng = replicas.make_meshes(L), np.random.default_rng(0)
+  full = checkpointing.Checkpointer(tmp_path / 'checkpoints', meshes, max_to_keep=None)
+  checkpointer = incremental.IncrementalCheckpointer(full, meshes, rebaseline_fraction=0.5, keep=2)
+  tree = _state(meshes, rng)
+  saved = {}
+  for step, rows in ((10, 0), (20, 30), (30, 40), (40, 600), (50, 10)):
+    tree = _train(tree, rng, step, rows) if rows else tree
+    assert checkpointer.save(step, tree, position=step)
+    saved[step] = jax.tree.map(np.array, tree)
+    checkpointer.wait()
+    if step == 30:  # Not a chain: 30 names the baseline of 10, and holds the rows of 20 too.
+      assert checkpointer.baseline_of(20) == checkpointer.baseline_of(30) == 10
+      restored, data = checkpointer.restore(20, checkpointing.abstract_like(tree))
+      _assert_equal(restored, saved[20])
+      assert data == {'step': 20, 'position': 20}
+  stats = checkpointer.stats()
+  # 10 the first baseline; 40 changed more than half the rows since it: a new baseline; 20, 30, 50 differentials.
+  assert stats['checkpoint_baselines'] == 2 and stats['checkpoint_differentials'] == 3, stats
+  changed = sum(int((saved[s]['train'].row_steps > b).sum()) for s, b in ((20, 10), (30, 10), (50, 40)))
+  assert stats['checkpoint_rows_written'] == 2 * L * V + changed, stats
+  assert [checkpointer.baseline_of(s) for s in (40, 50)] == [40, 40]
+  # keep=2: the two newest and what they need; 10, 20 and 30 went at the save of 50.
+  assert checkpointer.all_steps() == [40, 50]
+  abstract = checkpointing.abstract_like(tree)
+  restored, data = checkpointer.restore(50, abstract)
+  _assert_equal(restored, saved[50])
+  assert data['position'] == 50
+  assert jax.tree.leaves(restored)[0].sharding == jax.tree.leaves(abstract)[0].sharding
+  checkpointer.close()
+
+
+def test_a_killed_differential_is_never_read_and_a_restart_keeps_what_restores_need(tmp_path):
+  meshes, rng = replicas.make_meshes(L), np.random.default_rng(1)
+  make = lambda: incremental.IncrementalCheckpointer(
+    checkpointing.Checkpointer(tmp_path / 'checkpoints', meshes, max_to_keep=None), meshes, keep=2
+  )
+  checkpointer, tree = make(), _state(meshes, rng)
+  checkpointer.save(8, tree)
+  tree = _train(tree, rng, 16, 20)
+  checkpointer.save(16, tree)
+  checkpointer.close()
+  differentials = tmp_path / 'checkpoints' / 'differentials' / 'process_0'
+  (differentials / '24_8.npz.tmp').write_bytes(b'half a file')  # A kill mid-write.
+  again = make()
+  assert again.all_steps() == [8, 16] and not list(differentials.glob('*.tmp'))
+  restored, _ = again.restore(16, checkpointing.abstract_like(tree))
+  _assert_equal(restored, tree)
+  for step in (24, 32, 40):  # Differentials of the baseline of 8: it stays while any of them is kept.
+    tree = _train(tree, rng, step, 5)
+    again.save(step, tree)
+  again.wait()
+  assert again.all_steps() == [8, 32, 40]
+  again.delete_before(40)
+  assert again.all_steps() == [8, 40]
+  assert again.delete_after(8) == [40] and again.all_steps() == [8]
+  again.close()
+
+
+def test_stamps_follow_every_row_the_optimizer_writes():
+  rows, lr = 50, 0.1
+  optimizer = embedding.rowwise_adagrad(lr)
+  state = step_lib.TrainState(
+    params={'mlp': {}, 'embedding': jnp.ones((rows, 2))},
+    mlp_opt_state=optax.sgd(lr).init({}),
+    embedding_opt_state=optimizer.init(jnp.ones((rows, 2))),
+    step=jnp.int32(6),
+    row_steps=jnp.zeros(rows, jnp.int32),
+  )
+  apply = step_lib.make_apply_fn(optax.sgd(lr), optimizer)
+  ids = jnp.array([3, 7, 7, rows + 5])  # A repeat, and an id past the table (dropped).
+  state = apply(state, {}, ids, jnp.ones((4, 2)))
+  assert np.flatnonzero(np.asarray(state.row_steps)).tolist() == [3, 7] and int(state.row_steps[3]) == 7
+
+
+def test_incremental_checkpoints_are_refused_where_rounds_rewrite_tables():
+  config = default.get_config('tiny')
+  config.num_replicas, config.sync.algorithm, config.recovery.incremental = 4, 'shadow_ma', True
+  with pytest.raises(config_lib.ConfigError, match="sync.what='dense'"):
+    config_lib.validate(config, num_devices=8)
+  config.sync.what = 'dense'
+  config_lib.validate(config, num_devices=8)
+  assert config_lib.incremental_setting('auto') == 'auto' and config_lib.incremental_setting('maybe') is None
