@@ -72,11 +72,15 @@ def failure_free(tmp_path_factory):
 def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failure_free_model(tmp_path, failure_free):
   """The tables sharded over both processes, so each death loses real shards and leaves the survivor stuck in a
   lookup's collective until the launcher stops it: both restart from the newest checkpoint both have, each
-  restoring its own shards, and end with the model of the run that never failed."""
+  restoring its own shards, and end with the model of the run that never failed (which saved whole checkpoints).
+  Checkpoints here are incremental: a baseline at step 16, then differentials of it (the tiny tables' rows nearly
+  all change between two saves: no new baseline until all did), each restore the baseline and one differential."""
   code, output = _launch(
     tmp_path,
     *_SHARDED_FR_MA,
     '--config.recovery.mode=full',
+    '--config.recovery.incremental=true',
+    '--config.recovery.rebaseline_fraction=1.0',
     # Both at a checkpoint step, right after its save started: the kills land in the middle of an async write.
     launcher_flags=('--max_restarts=2', '--kill_at=1@48,0@96'),
   )
@@ -93,8 +97,9 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
     cut = starts[0]['restored_step']
     assert all(s['restored'] == 'checkpoint' and s['restored_step'] == s['position'] == cut for s in starts.values())
     assert cut % EVERY == 0 and killed_at - 2 * EVERY < cut <= killed_at, starts
-    # No later plan can go back past the cut: each process keeps it alone (older ones once piled up on restarts).
-    assert all(s['checkpoints_kept'] == [cut] for s in starts.values()), starts
+    # No later plan can go back past the cut: each process keeps it and its baseline alone (older ones once piled
+    # up on restarts).
+    assert all(s['checkpoints_kept'] == [EVERY, cut] for s in starts.values()), starts
   assert summary['recovery']['retrained_steps'] > 0 and summary['actual_pls'] == 0.0
   # CPR's split: saves, restores and the rewound steps apart from the two restarts, each a share of the steps' time.
   costs = summary['recovery']['overhead_s']
@@ -106,6 +111,8 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
   # Nothing lost, nothing trained twice: bit for bit the model of the run that never failed.
   assert summary['consensus_fingerprint_per_process'] == failure_free['consensus_fingerprint_per_process']
   assert summary['eval_ne'] == failure_free['eval_ne'] and summary['train_steps'] == STEPS
+  assert summary['checkpoint_baselines'] == [0, 0] and all(n > 0 for n in summary['checkpoint_saves']), summary
+  assert summary['incremental'] == [True, True] and failure_free['incremental'] == [False, False]
 
 
 @pytest.mark.slow  # Three starts of a 2-process job.
