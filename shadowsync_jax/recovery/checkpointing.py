@@ -218,6 +218,7 @@ class Checkpointer:
     if step in self._manager.all_steps():
       return False
     self._last_blocked = self.blocks(state)
+    num_bytes = memory.state_bytes(state)
     in_blocks = _large_leaves(state) if self._last_blocked else {}
     if in_blocks:  # A byte a device where a leaf went to the `tables` item (orbax saves arrays only, here).
       num_local = self._meshes.local.shape[replicas.REPLICA_AXIS]
@@ -236,7 +237,7 @@ class Checkpointer:
       self._manager.wait_until_finished()
     if started:
       self._timings['save_blocking_s'].append(time.perf_counter() - started_s)
-      self._bytes_written += memory.state_bytes(state)
+      self._bytes_written += num_bytes
     return started
 
   def stats(self) -> dict[str, Any]:

@@ -396,6 +396,7 @@ class RealFailures:
   def _calibrate(self, step: int, state_L: Any, driver: Any) -> None:
     """Measures a save and a restore with nothing in flight, and agrees with every process on the interval (and,
     under `cpr`, the mode): one exchange; process 0 writes the outcome into the history for the restarts."""
+    jax.block_until_ready(state_L)  # The steps dispatched so far are done: theirs is the steps' time.
     mean_step_s = self._mean_step_s(step)  # The steps' own pace: the loop's saves before this one left out.
     self._checkpointer.wait()
     started = time.perf_counter()
@@ -451,6 +452,9 @@ class RealFailures:
     return time.perf_counter() - max(self._timing[0], self._last_save_s) >= every_s
 
   def _save(self, step: int, state_L: Any, sync_state_L: PyTree) -> None:
+    # The steps dispatched before the save are the steps' time, not the save's (one process never waits for them
+    # at a boundary).
+    jax.block_until_ready((state_L, sync_state_L))
     started = time.perf_counter()
     self._last_save_s = started
     self._checkpointer.save(step, checkpointing.training_tree(state_L, sync_state_L))
