@@ -1,16 +1,17 @@
 r"""Failure recovery on real failures: a job of 2 processes killed on seeded schedules, under each recovery mode.
 
   python -m benchmarks.real_failures [--size=default|kaggle] [--kill_mtbf_s=20] [--kill_seeds=0,1,2] \
-      [--modes=full,partial,cpr_mfu,cpr_ssu,cpr] [--num_train_examples=N] [--root=DIR] [--out=FILE] [--tiny]
+      [--modes=full,full:whole,partial,cpr_mfu,cpr_ssu,cpr] [--num_train_examples=N] [--root=DIR] [--out=FILE] [--tiny]
 
-Runs the job once without failures and without recovery (the reference), then each mode on each seed's kill
-schedule: the launcher SIGKILLs a random process at exponential times of mean `--kill_mtbf_s` seconds
-(`shadowsync_jax.studies.real_failures`). Settings changed from the defaults: the size's launcher flags and
-config (`default`: `--num_processes=2 --cpu_devices=1 --pin_cpus`, each process on a core of its own, like two
-hosts; `kaggle`: Criteo Kaggle's cardinalities, synthetic data, 8 replicas with sharded tables over 2 processes x 4
-devices, pinned), `recovery.mode` and `recovery.mtbf_steps` (the schedule's mean in the reference's steps).
-Prints the tables and writes them, the JSON by mode and the raw summaries, to `--out` (default:
-benchmarks/results/real_failures.md, or real_failures_kaggle.md for `--size=kaggle`).
+Runs the job once without failures and without recovery (the reference), then each mode on each seed's kill schedule:
+the launcher SIGKILLs a random process at exponential times of mean `--kill_mtbf_s` seconds
+(`shadowsync_jax.studies.real_failures`); at Kaggle size full recovery runs twice, with incremental checkpoints (the
+default there) and with whole ones (`full:whole`), so the page shows what incremental checkpoints bought. Settings
+changed from the defaults: the size's launcher flags and config (`default`: `--num_processes=2 --cpu_devices=1
+--pin_cpus`, each process on a core of its own, like two hosts; `kaggle`: Criteo Kaggle's cardinalities, synthetic
+data, 8 replicas with sharded tables over 2 processes x 4 devices, pinned), `recovery.mode` and `recovery.mtbf_steps`
+(the schedule's mean in the reference's steps). Prints the tables and writes them, the JSON by mode and the raw
+summaries, to `--out` (default: benchmarks/results/real_failures.md, or real_failures_kaggle.md for `--size=kaggle`).
 """
 
 import json
@@ -27,7 +28,10 @@ flags.DEFINE_enum('size', 'default', list(real_failures.SIZES), 'The job: the de
 flags.DEFINE_float('kill_mtbf_s', 20.0, 'Mean seconds between the kills.')
 flags.DEFINE_list('kill_seeds', ['0', '1', '2'], 'Seeds of the kill schedules (each mode runs on every one).')
 flags.DEFINE_list(
-  'modes', ['full', 'partial', 'cpr_mfu', 'cpr_ssu', 'cpr'], 'Recovery modes to run after the reference.'
+  'modes',
+  None,
+  'Recovery modes to run after the reference; MODE:whole runs MODE with whole checkpoints (recovery.incremental='
+  'false). Default: full, partial, cpr_mfu, cpr_ssu, cpr, and at Kaggle size full:whole after full.',
 )
 flags.DEFINE_string('root', None, 'Where the runs go (default: a new temporary directory).')
 flags.DEFINE_string('out', None, 'Where the tables and raw summaries go (default: by --size).')
@@ -49,7 +53,8 @@ def main(argv):
   if FLAGS.num_train_examples:
     train_flags.append(f'--config.data.num_train_examples={FLAGS.num_train_examples}')
   seeds = tuple(int(seed) for seed in FLAGS.kill_seeds)
-  rows = real_failures.run(root, size, tuple(FLAGS.modes), FLAGS.kill_mtbf_s, seeds, train_flags=tuple(train_flags))
+  modes = tuple(FLAGS.modes or real_failures.DEFAULT_MODES[size.name])
+  rows = real_failures.run(root, size, modes, FLAGS.kill_mtbf_s, seeds, train_flags=tuple(train_flags))
   by_mode = real_failures.by_mode(rows)
   text = real_failures.table(rows) + '\n\nBy mode (means over the kill seeds; `_range`: lowest and highest):\n\n'
   text += f'```json\n{json.dumps(by_mode, indent=1)}\n```'

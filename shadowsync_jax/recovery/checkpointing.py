@@ -112,6 +112,7 @@ class Checkpointer:
     self._leaf_reader: ocp.Checkpointer | None = None  # For restore_partial, made on first use.
     self._timings: dict[str, list[float]] = {'save_blocking_s': [], 'restore_s': []}
     self._bytes_written = 0
+    self.last_save: dict[str, Any] = {}  # What the newest save wrote: its kind and bytes.
     self._last_blocked = False
 
   def _state_handler(self) -> ocp.PyTreeCheckpointHandler:
@@ -238,6 +239,7 @@ class Checkpointer:
     if started:
       self._timings['save_blocking_s'].append(time.perf_counter() - started_s)
       self._bytes_written += num_bytes
+      self.last_save = {'kind': 'whole', 'bytes': num_bytes}
     return started
 
   def stats(self) -> dict[str, Any]:

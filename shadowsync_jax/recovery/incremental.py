@@ -117,6 +117,8 @@ class IncrementalCheckpointer:
     self._baseline: int | None = max(self._full.all_steps(), default=None)
     self._counts = {'saves': 0, 'baselines': 0, 'differentials': 0, 'bytes_written': 0, 'rows_written': 0}
     self._blocked_s = 0.0
+    self.last_save: dict[str, Any] = {}  # What the newest save wrote: its kind, bytes and rows (a differential's
+    # bytes as its arrays count them, before the file is written).
 
   # What is on disk.
 
@@ -161,7 +163,8 @@ class IncrementalCheckpointer:
     if changed is None:
       saved = self._full.save(step, tree, **data)
       self._baseline = step
-      self._account('baseline', memory.state_bytes(tree), int(np.prod(stamps.shape)))
+      self.last_save = {'kind': 'baseline', 'bytes': memory.state_bytes(tree), 'rows': int(np.prod(stamps.shape))}
+      self._account('baseline', self.last_save['bytes'], self.last_save['rows'])
     else:
       saved = self._save_differential(step, flat, stamps.shape[1], changed, data)
     self._blocked_s += time.perf_counter() - started
@@ -179,6 +182,9 @@ class IncrementalCheckpointer:
     rows = _gather([x for p, x in flat if jax.tree_util.keystr(p) in row_paths], jax.device_put(ids_LxM, sharding))
     dense = _copy({jax.tree_util.keystr(p): x for p, x in flat if jax.tree_util.keystr(p) not in row_paths})
     meta = {'step': step, 'baseline': self._baseline, 'rows_changed': counts, 'data': {'step': step, **data}}
+    row_bytes = sum(x.dtype.itemsize * int(np.prod(x.shape[2:])) for x in rows) + ids_LxM.dtype.itemsize
+    dense_bytes = memory.state_bytes(dense)
+    self.last_save = {'kind': 'differential', 'bytes': sum(counts) * row_bytes + dense_bytes, 'rows': sum(counts)}
     self._pending = self._writer.submit(self._write, step, meta, changed, dict(zip(row_paths, rows)), dense)
     return True
 

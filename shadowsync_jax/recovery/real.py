@@ -458,7 +458,14 @@ class RealFailures:
     started = time.perf_counter()
     self._last_save_s = started
     self._checkpointer.save(step, checkpointing.training_tree(state_L, sync_state_L))
-    self._saved_for(step, 'checkpoint', time.perf_counter() - started, complete=self._newest_complete(step))
+    written = {
+      'written': self._checkpointer.last_save.get('kind'),
+      'bytes_written': self._checkpointer.last_save.get('bytes'),
+      # Embedding rows written (a whole save: all), and held: this process's rows over its devices.
+      'rows_written': self._checkpointer.last_save.get('rows', int(state_L.row_steps.size)),
+      'rows_held': int(state_L.row_steps.size),
+    }
+    self._saved_for(step, 'checkpoint', time.perf_counter() - started, complete=self._newest_complete(step), **written)
     self._saved.append(step)
     self._unconfirmed = step  # Written down as complete once written (`at_boundary`).
     if self.mode == 'full' or self._lock_step:  # Drop what no consistent cut can need any more.
@@ -469,12 +476,12 @@ class RealFailures:
     """This process's newest complete checkpoint before `step` (`step`'s own save may still be written)."""
     return max((s for s in self._checkpointer.all_steps() if s < step), default=None)
 
-  def _saved_for(self, step: int, kind: str, blocking_s: float, complete: int | None = None) -> None:
-    """Writes down the time the loop was blocked on a save (CPR's checkpoint-related overhead: `overhead`), and the
-    pace so far (for a summary whose own start trains nothing)."""
+  def _saved_for(self, step: int, kind: str, blocking_s: float, complete: int | None = None, **written: Any) -> None:
+    """Writes down the time the loop was blocked on a save (CPR's checkpoint-related overhead: `overhead`), the
+    pace so far (for a summary whose own start trains nothing), and what a checkpoint wrote (`written`)."""
     self._blocked_s += blocking_s
     record = {'event': 'save', 'generation': self._generation, 'process': self._process, 'step': step, 'kind': kind}
-    record.update(blocking_s=blocking_s, step_s=self._mean_step_s(step), complete=complete)
+    record.update(blocking_s=blocking_s, step_s=self._mean_step_s(step), complete=complete, **written)
     history.append(self._workdir, self._writer, record)
 
   def _mean_step_s(self, step: int) -> float | None:

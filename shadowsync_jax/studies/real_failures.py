@@ -28,6 +28,7 @@ import shutil
 import sys
 from typing import Any
 
+from shadowsync_jax.parallel import history
 from shadowsync_jax.studies import jobs
 from shadowsync_jax.studies import spread
 
@@ -66,18 +67,55 @@ SIZES = {
 }
 
 
+DEFAULT_MODES = {
+  'default': ('full', 'partial', 'cpr_mfu', 'cpr_ssu', 'cpr'),
+  'kaggle': ('full', 'full:whole', 'partial', 'cpr_mfu', 'cpr_ssu', 'cpr'),
+}
 SAVED_STATE = ('checkpoints', 'live', 'priority_rows')  # What a run that ended no longer needs.
 
 
+WHOLE = ':whole'  # A mode's suffix: its checkpoints whole (`recovery.incremental=false`), at the same kill times.
+
+
+def mode_flags(mode: str) -> list[str]:
+  """The training flags of a study mode: `recovery.mode`, and `MODE:whole` incremental checkpoints off."""
+  recovery_mode = mode.removesuffix(WHOLE)
+  return [f'--config.recovery.mode={recovery_mode}'] + (
+    ['--config.recovery.incremental=false'] if mode != recovery_mode else []
+  )
+
+
+def checkpoint_writes(workdir: pathlib.Path, wall_s: float) -> dict[str, Any]:
+  """What a job's checkpoints wrote over all its starts (its history's saves): per process, the saves of each kind
+  (whole, baseline, differential), the mean share of its embedding rows a checkpoint wrote, and MB written a second
+  of the job's wall time."""
+  saves = [r for r in history.read(workdir) if r.get('event') == 'save' and r.get('kind') == 'checkpoint']
+  processes = sorted({r['process'] for r in saves})
+  per_process = {p: [r for r in saves if r['process'] == p and r.get('rows_held')] for p in processes}
+  kinds = ('whole', 'baseline', 'differential')
+  return {
+    'checkpoint_writes': {p: {k: sum(r['written'] == k for r in rs) for k in kinds} for p, rs in per_process.items()},
+    'rows_written_share': [
+      sum(r['rows_written'] / r['rows_held'] for r in rs) / len(rs) if rs else None for rs in per_process.values()
+    ],
+    'mb_written_per_s': [sum(r['bytes_written'] or 0 for r in rs) / 1e6 / wall_s for rs in per_process.values()],
+  }
+
+
 def run_job(workdir: pathlib.Path, launch_flags: list[str], train_flags: list[str]) -> dict[str, Any]:
-  """One `experiments.launch` job; returns its summary.json with the launcher's wall time, and deletes its saved
-  state (`SAVED_STATE`)."""
+  """One `experiments.launch` job; returns its summary.json with the launcher's wall time and what its checkpoints
+  wrote (`checkpoint_writes`), and deletes its saved state (`SAVED_STATE`)."""
   job = jobs.launch(workdir, launch_flags, train_flags)
   if job.error:
     raise RuntimeError(f'the job in {workdir} refused its config: {job.error}')
   for name in SAVED_STATE:
     shutil.rmtree(workdir / name, ignore_errors=True)
-  return {**job.summary, 'job_wall_s': job.wall_s, 'job_peak_rss_bytes': job.peak_rss_bytes}
+  return {
+    **job.summary,
+    'job_wall_s': job.wall_s,
+    'job_peak_rss_bytes': job.peak_rss_bytes,
+    **checkpoint_writes(workdir, job.wall_s),
+  }
 
 
 def run(
@@ -104,8 +142,8 @@ def run(
     for mode in modes:
       out.write(f'--- {mode}, kill seed {seed}\n')
       out.flush()
-      mode_flags = [*flags, f'--config.recovery.mode={mode}', f'--config.recovery.mtbf_steps={mtbf_steps:.1f}']
-      summary = run_job(root / f'{mode}_seed{seed}', [*size.launch_flags, *kills], mode_flags)
+      job_flags = [*flags, *mode_flags(mode), f'--config.recovery.mtbf_steps={mtbf_steps:.1f}']
+      summary = run_job(root / f'{mode.replace(":", "_")}_seed{seed}', [*size.launch_flags, *kills], job_flags)
       overhead = 100 * (summary['job_wall_s'] / reference['job_wall_s'] - 1)
       rows.append(
         {**summary, 'label': f'{mode}, seed {seed}', 'mode': mode, 'kill_seed': seed, 'overhead_pct': overhead}
@@ -118,7 +156,7 @@ def run(
 
 def vs_full(row: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
   """A run's checkpoint-related overhead over full recovery's on the same kill seed (None: no such full run)."""
-  full = next((r for r in rows if r['mode'] == 'full' and r['kill_seed'] == row['kill_seed']), None)
+  full = next((r for r in rows if r['mode'] == 'full' and r['kill_seed'] == row['kill_seed']), None)  # Incremental.
   if full is None or not full['recovery_checkpoint_overhead_pct'] or row['recovery_checkpoint_overhead_pct'] is None:
     return None
   return row['recovery_checkpoint_overhead_pct'] / full['recovery_checkpoint_overhead_pct']
@@ -157,6 +195,9 @@ def by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
       'ne_vs_reference_pct': [r['ne_vs_reference_pct'] for r in mode_runs],
       'failures': [r['num_failures'] for r in mode_runs],
       'seconds_per_restart': [s for r in mode_runs for s in _restart_s(r)],
+      # Per process of every run: the share of its rows a checkpoint wrote, and MB written a second.
+      'rows_written_share': [x for r in mode_runs for x in r.get('rows_written_share', [])],
+      'mb_written_per_s': [x for r in mode_runs for x in r.get('mb_written_per_s', [])],
     }
 
   modes = spread.by_group(runs, lambda r: r['mode'], figures)
@@ -171,8 +212,8 @@ def table(rows: list[dict[str, Any]]) -> str:
   modes = by_mode(rows)
   lines = [
     '| mode | seeds | failures | **checkpoint-related overhead** | vs full (same seed) | restart overhead | '
-    's a restart | wall overhead | NE vs no failures |',
-    '|---|---|---|---|---|---|---|---|---|',
+    's a restart | wall overhead | NE vs no failures | rows a checkpoint writes | MB written /s a process |',
+    '|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for mode, m in modes.items():
     share = spread.span(m, 'checkpoint_overhead_vs_full', '{:.2f}')
@@ -181,7 +222,8 @@ def table(rows: list[dict[str, Any]]) -> str:
       f'| {mode} | {len(m["kill_seeds"])} | {m["failures"]:.1f} | '
       f'**{spread.span(m, "checkpoint_overhead_pct", "{:.2f}%")}** | '
       f'{share} | {spread.span(m, "restart_overhead_pct", "{:.1f}%")} | {per_restart} | '
-      f'{spread.span(m, "wall_overhead_pct", "{:.1f}%")} | {spread.span(m, "ne_vs_reference_pct", "{:+.3f}%")} |'
+      f'{spread.span(m, "wall_overhead_pct", "{:.1f}%")} | {spread.span(m, "ne_vs_reference_pct", "{:+.3f}%")} | '
+      f'{spread.span(m, "rows_written_share", "{:.1%}")} | {spread.span(m, "mb_written_per_s", "{:.1f}")} |'
     )
   lines += [
     '',

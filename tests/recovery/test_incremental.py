@@ -7,13 +7,13 @@ import numpy as np
 import optax
 import pytest
 
+from experiments.configs import default
 from shadowsync_jax import config as config_lib
 from shadowsync_jax.model import embedding
 from shadowsync_jax.model import step as step_lib
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import incremental
-from experiments.configs import default
 
 L, V, D = 2, 1000, 3
 

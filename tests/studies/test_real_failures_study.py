@@ -2,6 +2,7 @@
 
 import json
 
+from shadowsync_jax.parallel import history
 from shadowsync_jax.studies import jobs
 from shadowsync_jax.studies import real_failures
 
@@ -10,13 +11,36 @@ def test_a_run_that_ended_keeps_its_summary_and_history_and_drops_its_saved_stat
   workdir = tmp_path / 'full_seed0'
 
   def fake_launch(workdir, launch_flags, train_flags):
-    for name in (*real_failures.SAVED_STATE, 'history'):
+    for name in real_failures.SAVED_STATE:
       (workdir / name / 'process_0').mkdir(parents=True)
       (workdir / name / 'process_0' / 'state').write_text('x')
+    # Process 0 wrote a baseline, then a differential of a tenth of its rows (over two starts); a priority save
+    # is no checkpoint.
+    for generation, written, rows, num_bytes in ((0, 'baseline', 1000, 4e6), (1, 'differential', 100, 2e6)):
+      record = {'event': 'save', 'kind': 'checkpoint', 'process': 0, 'generation': generation, 'written': written}
+      history.append(
+        workdir, 'process_0', {**record, 'rows_written': rows, 'rows_held': 1000, 'bytes_written': num_bytes}
+      )
+    history.append(workdir, 'process_0', {'event': 'save', 'kind': 'priority', 'process': 0, 'generation': 1})
     (workdir / 'summary.json').write_text(json.dumps({'eval_ne': 0.9}))
     return jobs.Job({'eval_ne': 0.9}, wall_s=3.0, peak_rss_bytes=1, error=None)
 
   monkeypatch.setattr(real_failures.jobs, 'launch', fake_launch)
   summary = real_failures.run_job(workdir, [], [])
-  assert summary == {'eval_ne': 0.9, 'job_wall_s': 3.0, 'job_peak_rss_bytes': 1}
+  assert summary == {
+    'eval_ne': 0.9,
+    'job_wall_s': 3.0,
+    'job_peak_rss_bytes': 1,
+    'checkpoint_writes': {0: {'whole': 0, 'baseline': 1, 'differential': 1}},
+    'rows_written_share': [0.55],
+    'mb_written_per_s': [2.0],
+  }
   assert sorted(p.name for p in workdir.iterdir()) == ['history', 'summary.json']
+
+
+def test_whole_checkpoints_are_a_mode_suffix():
+  assert real_failures.mode_flags('full') == ['--config.recovery.mode=full']
+  assert real_failures.mode_flags('full:whole') == [
+    '--config.recovery.mode=full',
+    '--config.recovery.incremental=false',
+  ]
