@@ -62,11 +62,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from shadowsync_jax import config as config_lib
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import cost_model
 from shadowsync_jax.recovery import failures
+from shadowsync_jax.recovery import incremental
 from shadowsync_jax.recovery import intervals
 from shadowsync_jax.recovery import modes
 from shadowsync_jax.recovery import priority_rows
@@ -131,6 +133,13 @@ class EmulatedFailures:
     self._cardinalities = [int(c) for c in config.data.cardinalities]
     self._emulated_save = recovery.save_cost_steps if recovery.save_cost_steps > 0 else None
     self._emulated_restore = recovery.restore_cost_steps if recovery.restore_cost_steps > 0 else None
+    # Incremental checkpoints, modelled where saves are emulated (a larger system, whose whole saves block): a save
+    # then costs the bytes of the rows changed since the last baseline (`incremental`), a baseline the whole.
+    setting = config_lib.incremental_setting(recovery.incremental)
+    applies = config_lib.incremental_why_not(config) is None
+    self._incremental = self._emulated_save is not None and (setting is True or (setting == 'auto' and applies))
+    self._baseline_step: int | None = None
+    self._save_fractions: list[float] = []  # Of a whole checkpoint's bytes, each save's (emulated costs only).
     if self.requested_mode == 'cpr' and not recovery.checkpoint_every_steps:
       try:
         intervals.partial_recovery_interval(recovery.target_pls, self._mtbf, self._num_parts, total_steps)
@@ -158,7 +167,7 @@ class EmulatedFailures:
     self._last_mark: float | None = None
     self._timed_first_step = False
     self._abstract: PyTree = None  # Of the training tree, set by `start`.
-    self._checkpoint_bytes = 0
+    self._checkpoint_bytes = self._rows_bytes = 0
     self._sync_restarts: list[dict[str, Any]] = []
     self._write_steps: float | None = None  # How long a full save takes to be written, measured by `_calibrate`.
     self._warm_restore_s: dict[str, float] = {}  # A full and a partial restore, timed warm (`_warm_up`), for `cpr`.
@@ -187,12 +196,19 @@ class EmulatedFailures:
         bytes_per_row=restore.bytes_per_row(state_L),
       )
     self._checkpoint_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(self._abstract))
+    num_rows = state_L.row_steps.shape[1]
+    self._rows_bytes = sum(  # Of the leaves indexed by row (tables, their optimizer state, stamps): a differential's.
+      math.prod(x.shape) * x.dtype.itemsize
+      for path, x in jax.tree_util.tree_flatten_with_path(self._abstract)[0]
+      if incremental.is_row_leaf(jax.tree_util.keystr(path), x, num_rows)
+    )
     self._executed = self._high_water = step
     if self._checkpointer.latest_step() != step:
       started = time.perf_counter()
       self._checkpointer.save(step, tree)
       self.account.saves_s += time.perf_counter() - started
     self.checkpoint_steps.append(step)
+    self._baseline_step = step if self._incremental else None  # A whole checkpoint: the first baseline.
     self._warm_up(step, state_L)
     self._last_mark = time.perf_counter()
 
@@ -285,6 +301,10 @@ class EmulatedFailures:
       'restore_s': account.restore_s,
       'row_counting_s': account.counting_s,
       'sync_driver_restarts': len(self._sync_restarts),
+      # Emulated save costs: whether incremental checkpoints were modelled, and each save's share of a whole one.
+      'incremental_model': self._incremental,
+      'mean_save_fraction': float(np.mean(self._save_fractions)) if self._save_fractions else None,
+      'baselines': sum(f == 1.0 for f in self._save_fractions) if self._incremental else None,
     }
     if self.mode == 'full' and self._interval and save_cost_steps is not None and mean_step_s:
       restore_steps = self._emulated_restore or (np.mean(restores_s) / mean_step_s if restores_s else 0.0)
@@ -406,7 +426,9 @@ class EmulatedFailures:
     started = time.perf_counter()
     self._checkpointer.save(step, checkpointing.training_tree(state_L, driver.sync_state()))
     self._save_blocks_s.append(time.perf_counter() - started)
-    self._hold(self._emulated_save, started)
+    if self._emulated_save:
+      self._save_fractions.append(self._save_fraction(step, state_L))
+      self._hold(self._emulated_save * self._save_fractions[-1], started)
     self.account.saves_s += time.perf_counter() - started
     self.checkpoint_steps.append(step)
     if self._ledger is not None:
@@ -420,6 +442,19 @@ class EmulatedFailures:
     self.account.priority_saves_s += time.perf_counter() - started
     self.priority_steps.append(step)
     self._ledger.priority_saved(rows_K)
+
+  def _save_fraction(self, step: int, state_L: Any) -> float:
+    """The share of a whole checkpoint's bytes this save writes: all of it, or under modelled incremental
+    checkpoints a differential's (the rows stamped since the baseline and the dense part), unless the rows changed
+    are `recovery.rebaseline_fraction` of all: a new baseline."""
+    if not self._incremental:
+      return 1.0
+    changed = float(np.mean(np.asarray(state_L.row_steps) > (self._baseline_step or 0)))
+    if self._baseline_step is None or changed >= self._config.recovery.rebaseline_fraction:
+      self._baseline_step = step
+      return 1.0
+    dense_bytes = self._checkpoint_bytes - self._rows_bytes
+    return (changed * self._rows_bytes + dense_bytes) / self._checkpoint_bytes
 
   def _save_cost_steps(self) -> float | None:
     if self._emulated_save:

@@ -199,6 +199,7 @@ def test_an_emulated_save_cost_sets_the_interval_and_holds_the_loop(tmp_path, in
     recovery__mtbf_steps=200.0,
     recovery__checkpoint_every_steps=0,
     recovery__save_cost_steps=30.0,
+    recovery__incremental=False,  # Whole checkpoints: every save costs the 30 steps (below: incremental ones).
   )
   interval = checkpoint_interval.young_interval_steps(30.0, 200.0, 1000)
   assert interval == 110
@@ -212,6 +213,37 @@ def test_an_emulated_save_cost_sets_the_interval_and_holds_the_loop(tmp_path, in
   assert summary['recovery']['save_cost'] == 'emulated' and summary['recovery']['save_cost_steps'] == 30.0
   # The save at `interval` held the loop for 30 mean step times (the initial save is real, before any step).
   assert summary['recovery']['blocked_on_saves_s'] >= 30 * summary['recovery']['mean_step_s']
+  recovery.close()
+  checkpointer.close()
+
+
+def test_modelled_incremental_checkpoints_cost_the_share_of_the_rows_changed(tmp_path, initial_state):
+  """With emulated save costs, a save after the baseline holds the loop for the bytes of the rows stamped since
+  it and the dense part; once half the rows changed, a baseline again (whole)."""
+  recovery, driver, checkpointer = _unit_recovery(
+    tmp_path,
+    initial_state,
+    'full',
+    {},
+    recovery__checkpoint_every_steps=10,
+    recovery__save_cost_steps=30.0,
+    recovery__incremental=True,
+  )
+  batch, state = _batch(np.zeros((2, 4, 26))), initial_state
+  stamps = np.zeros(state.row_steps.shape, np.int32)
+  for step in range(1, 31):
+    if step in (10, 20):  # A tenth of the rows changed by the save at 10; more than half by the one at 20.
+      stamps[:, : stamps.shape[1] // 10 if step == 10 else stamps.shape[1] // 2 + 1] = step
+      state = state._replace(row_steps=jax.device_put(stamps, state.row_steps.sharding))
+    state, driver, _ = recovery.at_boundary(step, state, 1, _one_step(batch), driver)
+  details = recovery.summary()['recovery']
+  assert details['incremental_model'] and recovery.checkpoint_steps == [0, 10, 20, 30]
+  fractions = recovery._save_fractions  # pylint: disable=protected-access
+  rows_share = recovery._rows_bytes / recovery._checkpoint_bytes  # pylint: disable=protected-access
+  # 30: nothing changed since the baseline of 20, the dense part alone.
+  assert fractions[2] == pytest.approx(1 - rows_share) and fractions[1] == 1.0, fractions
+  assert fractions[0] == pytest.approx(1 - rows_share + 0.1 * rows_share, abs=0.01 * rows_share), fractions
+  assert details['baselines'] == 1 and details['mean_save_fraction'] == pytest.approx(np.mean(fractions))
   recovery.close()
   checkpointer.close()
 
