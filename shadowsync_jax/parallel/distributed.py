@@ -107,12 +107,17 @@ def peer_lost() -> str | None:
   return _watchdog.lost_reason if _watchdog is not None else None
 
 
-def handle_peer_loss(enabled: bool, last_resort: Callable[[str], None] | None = None) -> None:
+def handle_peer_loss(
+  enabled: bool, last_resort: Callable[[str], None] | None = None, boundary_matters: bool = True
+) -> None:
   """While enabled, a lost peer is left to the training loop (`peer_lost`), which saves and exits within
   `_STEP_BOUNDARY_GRACE_S`; otherwise, and after that, the watchdog ends this process, after calling
-  `last_resort(reason)` (the training thread is stuck: save what can be saved without it)."""
+  `last_resort(reason)` (the training thread is stuck: save what can be saved without it). Where the loop would
+  save nothing at its boundary that `last_resort` does not (`boundary_matters` False: no live state is kept), the
+  wait is the short one."""
   if _watchdog is not None:
     _watchdog.loop_handles_loss, _watchdog.last_resort = enabled, last_resort
+    _watchdog.boundary_matters = boundary_matters
 
 
 def peer_status() -> dict[int, dict[str, Any]]:
@@ -224,6 +229,7 @@ class _PeerWatchdog:
     self._step_s, self._reported_at = None, None  # A training step's recent duration, and when the last one ended.
     self.loop_handles_loss = False
     self.last_resort: Callable[[str], None] | None = None
+    self.boundary_matters = True
     self.lost_reason: str | None = None
     self._lost_at: float | None = None
     self.peer_status: dict[int, dict[str, Any]] = {}
@@ -254,9 +260,10 @@ class _PeerWatchdog:
   def grace_s(self) -> float:
     """How long a training loop may take to reach its next step boundary. Before its first block of this start is
     done (phase 'setup': compiling, or its devices wait on a collective with a peer that is gone), the short one:
-    what it would save at a boundary is what it started from, already on disk."""
+    what it would save at a boundary is what it started from, already on disk. The short one too where nothing is
+    saved at a boundary (`handle_peer_loss`)."""
     low, high = _STEP_BOUNDARY_GRACE_S
-    if self.phase == 'setup':
+    if self.phase == 'setup' or not self.boundary_matters:
       return low
     return high if self._step_s is None else min(high, max(low, _STEP_BOUNDARY_GRACE_STEPS * self._step_s))
 

@@ -205,7 +205,9 @@ class RealFailures:
   def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
     if self._live is not None:
       self._live.pace_for(checkpointing.training_tree(state_L, self._local(sync_state_R)))
-    distributed.handle_peer_loss(True, last_resort=self._stop_stuck)
+    # Only a live state is worth waiting for a boundary: otherwise a survivor stuck in a collective goes at once.
+    keeps_live = self._live is not None and self.mode in LIVE_MODES
+    distributed.handle_peer_loss(True, last_resort=self._stop_stuck, boundary_matters=keeps_live)
     distributed.report(step, 'setup')
 
   # The loop.
