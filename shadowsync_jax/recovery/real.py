@@ -127,6 +127,7 @@ class RealFailures:
     self._step_s: float | None = None  # This start's mean step time without its saves (`finish`).
     self._restored: dict[str, Any] = {}
     self._last_save_s = 0.0  # When `_save` last started.
+    self._recalibrated = False  # Full recovery's interval from a differential's cost (`_recalibrate`), this start.
 
   # The restart plan.
 
@@ -443,6 +444,30 @@ class RealFailures:
       if self._choice is not None:
         history.append(self._workdir, 'process_0', {'event': 'cpr_choice', 'choice': self._choice._asdict()})
 
+  def _recalibrates(self) -> bool:
+    """Whether full recovery's interval is still the one calibrated on a whole save, with incremental ones now."""
+    if self.mode != 'full' or self._config.recovery.checkpoint_every_steps or self._recalibrated:
+      return False
+    calibrated = history.latest(self._workdir, 'calibration')
+    self._recalibrated = calibrated is None or bool(calibrated.get('differential'))  # Asked once a start.
+    return not self._recalibrated
+
+  def _recalibrate(self, blocking_s: float) -> None:
+    """Young's interval again from the first differential's cost (the calibration measured a baseline, a whole
+    save, many times a differential's): one exchange at this common save step; process 0 writes it down."""
+    self._recalibrated = True
+    measured = {'save_s': blocking_s, 'step_s': self._mean_step_s(self._saved[-1])}
+    costs = distributed.exchange('recalibration', measured)
+    worst = {key: max(c[key] or 0.0 for c in costs) for key in measured}
+    if not worst['step_s']:
+      return
+    self._interval = intervals.young_interval_steps(
+      worst['save_s'] / worst['step_s'], self._config.recovery.mtbf_steps, self._total_steps
+    )
+    if self._process == 0:
+      record = {'event': 'calibration', 'interval': self._interval, 'costs': worst, 'differential': True}
+      history.append(self._workdir, 'process_0', record)
+
   # Saves.
 
   def _save_due_by_time(self) -> bool:
@@ -470,6 +495,8 @@ class RealFailures:
     self._saved_for(step, 'checkpoint', time.perf_counter() - started, complete=self._newest_complete(step), **written)
     self._saved.append(step)
     self._unconfirmed = step  # Written down as complete once written (`at_boundary`).
+    if written['written'] == 'differential' and self._recalibrates():
+      self._recalibrate(time.perf_counter() - started)
     if self.mode == 'full' or self._lock_step:  # Drop what no consistent cut can need any more.
       oldest_needed = min([self._saved[-2] if len(self._saved) > 1 else 0] + self._peer_checkpoints())
       self._checkpointer.delete_before(oldest_needed)

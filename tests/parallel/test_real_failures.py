@@ -257,3 +257,33 @@ def test_a_restart_that_finds_a_checkpoint_truncated_stops_naming_it(tmp_path, k
   assert code == 3, output[-3000:]
   assert f'error: process 1 cannot read its checkpoint of step {newest[0]} in ' in output, output[-3000:]
   assert '[launch] FAILED: process 1 cannot restore what its restart needs' in output
+
+
+def test_full_recovery_with_incremental_checkpoints_sets_its_interval_again_from_a_differential(tmp_path):
+  """The calibration measures a whole save (the first, a baseline); the first differential's cost sets Young's
+  interval again, once, on every process alike (one exchange), and the restarts keep it (the history's newest
+  calibration)."""
+  code, output = _launch(
+    tmp_path,
+    *_SHARDED_FR_MA,
+    '--config.recovery.mode=full',
+    '--config.recovery.checkpoint_every_steps=0',  # Calibrated.
+    '--config.recovery.mtbf_steps=30',
+    '--config.recovery.incremental=true',
+    '--config.recovery.rebaseline_fraction=1.0',
+    launcher_flags=('--max_restarts=0',),
+  )
+  assert code == 0, output[-3000:]
+  calibrations = [r for r in history.read(tmp_path) if r.get('event') == 'calibration']
+  assert [bool(r.get('differential')) for r in calibrations] == [False, True], calibrations
+  first, again = calibrations
+  saves = [r for r in history.read(tmp_path) if r.get('event') == 'save' and r['kind'] == 'checkpoint']
+  differential = next(r for r in saves if r['written'] == 'differential')
+  assert differential['step'] % first['interval'] == 0  # Set again at the first differential's step ...
+  later = [r['step'] for r in saves if r['step'] > differential['step']]
+  assert later and all(step % again['interval'] == 0 for step in later), (later, again)  # ... and kept after it.
+  assert summary_of(tmp_path)['checkpoint_interval_steps'] == again['interval']
+
+
+def summary_of(workdir: pathlib.Path) -> dict:
+  return json.loads((workdir / 'summary.json').read_text())
