@@ -1,6 +1,6 @@
 r"""Failure recovery on real failures: a job of 2 processes killed on seeded schedules, under each recovery mode.
 
-  python -m benchmarks.real_failures [--size=default|kaggle] [--kill_mtbf_s=20] [--kill_seeds=0,1,2] \
+  python -m benchmarks.real_failures [--size=default|kaggle] [--kill_mtbf_s=S] [--kill_seeds=0,1,2] \
       [--modes=full,full:whole,partial,cpr_mfu,cpr_ssu,cpr] [--num_train_examples=N] [--root=DIR] [--out=FILE] [--tiny]
 
 Runs the job once without failures and without recovery (the reference), then each mode on each seed's kill schedule:
@@ -25,7 +25,7 @@ from shadowsync_jax.studies import real_failures
 from shadowsync_jax.studies import report
 
 flags.DEFINE_enum('size', 'default', list(real_failures.SIZES), 'The job: the default problem, or Criteo Kaggle.')
-flags.DEFINE_float('kill_mtbf_s', 20.0, 'Mean seconds between the kills.')
+flags.DEFINE_float('kill_mtbf_s', None, "Mean seconds between the kills (default: the size's, 20 s or 45 s at Kaggle).")
 flags.DEFINE_list('kill_seeds', ['0', '1', '2'], 'Seeds of the kill schedules (each mode runs on every one).')
 flags.DEFINE_list(
   'modes',
@@ -54,7 +54,8 @@ def main(argv):
     train_flags.append(f'--config.data.num_train_examples={FLAGS.num_train_examples}')
   seeds = tuple(int(seed) for seed in FLAGS.kill_seeds)
   modes = tuple(FLAGS.modes or real_failures.DEFAULT_MODES[size.name])
-  rows = real_failures.run(root, size, modes, FLAGS.kill_mtbf_s, seeds, train_flags=tuple(train_flags))
+  kill_mtbf_s = FLAGS.kill_mtbf_s or size.kill_mtbf_s
+  rows = real_failures.run(root, size, modes, kill_mtbf_s, seeds, train_flags=tuple(train_flags))
   by_mode = real_failures.by_mode(rows)
   text = real_failures.table(rows) + '\n\nBy mode (means over the kill seeds; `_range`: lowest and highest):\n\n'
   text += f'```json\n{json.dumps(by_mode, indent=1)}\n```'
@@ -62,7 +63,7 @@ def main(argv):
   reference = rows[0]
   step_ms = 1e3 * real_failures.steps_time(reference) / reference['train_steps']
   note = (
-    f'{size.description}{" (tiny)" if FLAGS.tiny else ""}; kills at exponential times of mean {FLAGS.kill_mtbf_s:g} '
+    f'{size.description}{" (tiny)" if FLAGS.tiny else ""}; kills at exponential times of mean {kill_mtbf_s:g} '
     f's, seeds {", ".join(map(str, seeds))}; MTBF {rows[-1]["mtbf_steps"]:.0f} steps; reference step time '
     f"{step_ms:.1f} ms. Overheads are shares of the steps' own time (`recovery_checkpoint_overhead_pct`: blocking "
     'saves, restores, work trained again; `recovery_restart_overhead_pct`: each death to every process training '
