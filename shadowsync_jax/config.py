@@ -194,7 +194,9 @@ def base_config() -> ml_collections.ConfigDict:
   # only the rows written since it, in the background. 'auto': where only the steps change the tables and a full
   # save would block the loop (tables this large); True or False. Typed `object`: 'auto' or a boolean.
   config.recovery.incremental = ml_collections.FieldReference('auto', field_type=object)
-  config.recovery.rebaseline_fraction = 0.5  # A new baseline once this share of the rows changed since the last.
+  # A new baseline once the differentials written since the last add up to this share of a whole checkpoint's bytes
+  # (each rewrites every row changed since the baseline; at the share 1 a baseline costs what they did).
+  config.recovery.rebaseline_fraction = 1.0
 
   # gba / async_sgd (docs/design.md §8; GBA: Su et al., NeurIPS 2022): the server's staleness rule; in one process the
   # emulated worker step times that order the gradients' arrivals (gba/emulated.py); across processes the workers
@@ -559,8 +561,8 @@ def _check_recovery(config: ml_collections.ConfigDict, num_processes: int) -> No
     raise ConfigError(f"recovery.incremental={recovery.incremental!r} must be 'auto', true or false.")
   if incremental_setting(recovery.incremental) is True and (why := incremental_why_not(config)):
     raise ConfigError(f'recovery.incremental=true: {why}.')
-  if not 0 < recovery.rebaseline_fraction <= 1:
-    raise ConfigError(f'recovery.rebaseline_fraction={recovery.rebaseline_fraction} must be in (0, 1].')
+  if not recovery.rebaseline_fraction > 0:
+    raise ConfigError(f'recovery.rebaseline_fraction={recovery.rebaseline_fraction} must be > 0.')
   for key in ('recovery.checkpoint_every_steps', 'recovery.priority_every_steps'):
     if _get(config, key) < 0:
       raise ConfigError(f'{key}={_get(config, key)} must be >= 0 (0 = chosen by the run).')

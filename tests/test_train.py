@@ -124,10 +124,10 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, monkeypatch, overr
 )
 def test_incremental_checkpoints_resume_bit_for_bit(one_replica_run, tmp_path, overrides):
   """A baseline at step 16, differentials at 32, 48 and at the stop (50; the tiny tables' rows nearly all change
-  between two saves: no new baseline until all did): the resumed run reads the baseline and the differential of 50
-  over it, and ends with the model of the run never stopped."""
+  between two saves, so differentials are kept from adding up to a new baseline): the resumed run reads the
+  baseline and the differential of 50 over it, and ends with the model of the run never stopped."""
   settings = {'train__checkpoint_every_steps': 16, 'recovery__incremental': True, **overrides}
-  settings['recovery__rebaseline_fraction'] = 1.0
+  settings['recovery__rebaseline_fraction'] = 1000.0
   uninterrupted = one_replica_run[1] if not overrides else train.train_and_evaluate(_tiny(**overrides), tmp_path / 'a')
   assert train.train_and_evaluate(_tiny(train__stop_at_step=50, **settings), tmp_path / 'b') == {'stopped_at_step': 50}
   differentials = tmp_path / 'b' / 'checkpoints' / 'differentials' / 'process_0'

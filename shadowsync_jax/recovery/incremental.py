@@ -1,14 +1,14 @@
 """Checkpoints that cost what changed: a full baseline now and then, between them the rows changed since it.
 
   checkpointer = incremental.IncrementalCheckpointer(
-      checkpointing.Checkpointer(workdir / 'checkpoints', meshes, max_to_keep=None), rebaseline_fraction=0.5)
-  checkpointer.save(step, tree_L)                    # a baseline (first; when a differential would be as large)
-                                                     # or a differential (written in the background)
+      checkpointing.Checkpointer(workdir / 'checkpoints', meshes, max_to_keep=None), meshes, rebaseline_fraction=1.0)
+  checkpointer.save(step, tree_L)                    # a baseline (the first; once the differentials since the last
+                                                     # add up to a whole one) or a differential (in the background)
   tree_L, data = checkpointer.restore(step, abstract_L)   # its baseline, then its differential over it
   checkpointer.all_steps(); checkpointer.delete_before(step); checkpointer.delete_after(step)   # as `Checkpointer`
 
 Check-N-Run (Eisenman et al., NSDI 2022) writes only the embedding rows modified since the last baseline, and a new
-baseline when that differential grows about as large (its "intermittent differential" checkpoints); Monolith,
+baseline from time to time (its "intermittent differential" checkpoints); Monolith,
 PERSIA and TorchRec's `ModelDeltaTracker` track touched rows the same way. Here the train state says which rows
 changed: `row_steps` stamps every row the optimizer writes with the step count after it (`model.step`), so the
 rows changed since a baseline of step b are those stamped after b, exactly, on whichever device holds them
@@ -102,7 +102,7 @@ class IncrementalCheckpointer:
     self,
     full: checkpointing.Checkpointer,
     meshes: replicas.ReplicaMeshes,
-    rebaseline_fraction: float = 0.5,
+    rebaseline_fraction: float = 1.0,
     keep: int | None = None,
   ):
     self._full, self._meshes = full, meshes
@@ -115,6 +115,7 @@ class IncrementalCheckpointer:
     self._writer = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix='differential-writer')
     self._pending: futures.Future | None = None
     self._baseline: int | None = max(self._full.all_steps(), default=None)
+    self._since_baseline_bytes = self._written_since(self._baseline)  # What the differentials since it wrote.
     self._counts = {'saves': 0, 'baselines': 0, 'differentials': 0, 'bytes_written': 0, 'rows_written': 0}
     self._blocked_s = 0.0
     self.last_save: dict[str, Any] = {}  # What the newest save wrote: its kind, bytes and rows (a differential's
@@ -140,10 +141,20 @@ class IncrementalCheckpointer:
   def baseline_of(self, step: int) -> int:
     return self._differential_steps().get(step, step)
 
+  def _written_since(self, baseline: int | None) -> int:
+    """Bytes of the complete differentials on disk that name `baseline`."""
+    return sum(
+      (self._differentials / f'{step}_{b}.npz').stat().st_size
+      for step, b in self._differential_steps().items()
+      if b == baseline
+    )
+
   # Saves.
 
   def save(self, step: int, tree: PyTree, **data: Any) -> bool:
-    """A baseline (the first; or when the rows changed since the last would be `rebaseline_fraction` of all) or a
+    """A baseline (the first; or once the differentials since the last, this one included, would add up to
+    `rebaseline_fraction` of a whole checkpoint's bytes: each rewrites every row changed since the baseline, so
+    their sum grows with the square of their number, and a baseline then costs as much as the next few) or a
     differential of this process's `tree` at `step`; False if `step` is saved already."""
     if step in self.all_steps():
       return False
@@ -152,40 +163,45 @@ class IncrementalCheckpointer:
     self._prune()
     if self._baseline is not None and self._full.saving():
       self._full.wait()  # A differential needs its baseline complete on disk.
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    stamps = next(leaf for path, leaf in flat if jax.tree_util.keystr(path) == _STAMPS)
-    changed = None
+    flat = [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    stamps = next(leaf for path, leaf in flat if path == _STAMPS)
+    whole_bytes, changed = memory.state_bytes(tree), None
     if self._baseline is not None and self._baseline in self._full.all_steps():
-      stamps_LxV = np.asarray(stamps)
-      changed = [np.flatnonzero(row > self._baseline).astype(np.int32) for row in stamps_LxV]
-      if sum(len(c) for c in changed) >= self._rebaseline_fraction * stamps_LxV.size:
-        changed = None
+      changed = [np.flatnonzero(row > self._baseline).astype(np.int32) for row in np.asarray(stamps)]
+      rows = [(path, x) for path, x in flat if is_row_leaf(path, x, stamps.shape[1])]
+      row_bytes = sum(x.dtype.itemsize * int(np.prod(x.shape[2:])) for _, x in rows) + np.int32().itemsize
+      differential_bytes = (
+        sum(len(c) for c in changed) * row_bytes + whole_bytes - memory.state_bytes([x for _, x in rows])
+      )
+      if self._since_baseline_bytes + differential_bytes >= self._rebaseline_fraction * whole_bytes:
+        changed = None  # The differentials since the baseline would add up to as much as a new one.
     if changed is None:
       saved = self._full.save(step, tree, **data)
-      self._baseline = step
-      self.last_save = {'kind': 'baseline', 'bytes': memory.state_bytes(tree), 'rows': int(np.prod(stamps.shape))}
+      self._baseline, self._since_baseline_bytes = step, 0
+      self.last_save = {'kind': 'baseline', 'bytes': whole_bytes, 'rows': int(np.prod(stamps.shape))}
       self._account('baseline', self.last_save['bytes'], self.last_save['rows'])
     else:
-      saved = self._save_differential(step, flat, stamps.shape[1], changed, data)
+      saved = self._save_differential(step, flat, rows, changed, data)
+      self.last_save = {'kind': 'differential', 'bytes': differential_bytes, 'rows': sum(len(c) for c in changed)}
+      self._since_baseline_bytes += differential_bytes
     self._blocked_s += time.perf_counter() - started
     return saved
 
   def _save_differential(
-    self, step: int, flat: list, num_rows: int, changed: list[np.ndarray], data: dict[str, Any]
+    self, step: int, flat: list, rows: list, changed: list[np.ndarray], data: dict[str, Any]
   ) -> bool:
-    counts = [len(c) for c in changed]
+    """Gathers the `changed` rows of each device out of the row leaves `rows` ([(path, leaf)]) and copies the
+    other leaves of `flat`, on the device; hands them to the writer."""
+    counts, num_rows = [len(c) for c in changed], rows[0][1].shape[1]
     ids_LxM = np.full((len(changed), _bucket(max(counts))), num_rows, np.int32)
     for local, ids in enumerate(changed):
       ids_LxM[local, : len(ids)] = ids
     sharding = replicas.replica_sharding(self._meshes.local)
-    row_paths = [jax.tree_util.keystr(p) for p, x in flat if is_row_leaf(jax.tree_util.keystr(p), x, num_rows)]
-    rows = _gather([x for p, x in flat if jax.tree_util.keystr(p) in row_paths], jax.device_put(ids_LxM, sharding))
-    dense = _copy({jax.tree_util.keystr(p): x for p, x in flat if jax.tree_util.keystr(p) not in row_paths})
+    row_paths = [path for path, _ in rows]
+    values = _gather([x for _, x in rows], jax.device_put(ids_LxM, sharding))
+    dense = _copy({path: x for path, x in flat if path not in row_paths})
     meta = {'step': step, 'baseline': self._baseline, 'rows_changed': counts, 'data': {'step': step, **data}}
-    row_bytes = sum(x.dtype.itemsize * int(np.prod(x.shape[2:])) for x in rows) + ids_LxM.dtype.itemsize
-    dense_bytes = memory.state_bytes(dense)
-    self.last_save = {'kind': 'differential', 'bytes': sum(counts) * row_bytes + dense_bytes, 'rows': sum(counts)}
-    self._pending = self._writer.submit(self._write, step, meta, changed, dict(zip(row_paths, rows)), dense)
+    self._pending = self._writer.submit(self._write, step, meta, changed, dict(zip(row_paths, values)), dense)
     return True
 
   def _write(self, step: int, meta: dict, changed: list, rows: dict, dense: dict) -> None:
@@ -224,7 +240,7 @@ class IncrementalCheckpointer:
     baseline = self._differential_steps().get(step)
     if baseline is None:
       tree, data = self._full.restore(step, abstract)
-      self._baseline = step
+      self._baseline, self._since_baseline_bytes = step, self._written_since(step)
       return tree, data
     tree, _ = self._full.restore(baseline, abstract)
     with np.load(self._differentials / f'{step}_{baseline}.npz') as saved:
@@ -250,7 +266,7 @@ class IncrementalCheckpointer:
     rows = _scatter([leaves[i] for i in row_index], placed(ids_LxM), [placed(v) for v in values])
     for i, x in zip(row_index, rows):
       leaves[i] = jax.device_put(x, leaves[i].sharding)
-    self._baseline = baseline
+    self._baseline, self._since_baseline_bytes = baseline, self._written_since(baseline)
     return jax.block_until_ready(jax.tree.unflatten(structure, leaves)), meta['data']
 
   # Retention.
@@ -280,6 +296,7 @@ class IncrementalCheckpointer:
     self._delete(newer)
     if self._baseline is not None and self._baseline > step:
       self._baseline = max((s for s in self._full.all_steps() if s <= step), default=None)
+      self._since_baseline_bytes = self._written_since(self._baseline)
     return newer
 
   def delete_before(self, step: int) -> None:

@@ -74,13 +74,14 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
   lookup's collective until the launcher stops it: both restart from the newest checkpoint both have, each
   restoring its own shards, and end with the model of the run that never failed (which saved whole checkpoints).
   Checkpoints here are incremental: a baseline at step 16, then differentials of it (the tiny tables' rows nearly
-  all change between two saves: no new baseline until all did), each restore the baseline and one differential."""
+  all change between two saves: differentials are kept from adding up to a new baseline), each restore the baseline
+  and one differential."""
   code, output = _launch(
     tmp_path,
     *_SHARDED_FR_MA,
     '--config.recovery.mode=full',
     '--config.recovery.incremental=true',
-    '--config.recovery.rebaseline_fraction=1.0',
+    '--config.recovery.rebaseline_fraction=1000',
     # Both at a checkpoint step, right after its save started: the kills land in the middle of an async write.
     launcher_flags=('--max_restarts=2', '--kill_at=1@48,0@96'),
   )
@@ -270,7 +271,7 @@ def test_full_recovery_with_incremental_checkpoints_sets_its_interval_again_from
     '--config.recovery.checkpoint_every_steps=0',  # Calibrated.
     '--config.recovery.mtbf_steps=30',
     '--config.recovery.incremental=true',
-    '--config.recovery.rebaseline_fraction=1.0',
+    '--config.recovery.rebaseline_fraction=1000',
     launcher_flags=('--max_restarts=0',),
   )
   assert code == 0, output[-3000:]

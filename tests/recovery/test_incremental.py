@@ -69,7 +69,8 @@ def test_differentials_hold_the_rows_changed_since_the_baseline_and_restore_exac
       _assert_equal(restored, saved[20])
       assert data == {'step': 20, 'position': 20}
   stats = checkpointer.stats()
-  # 10 the first baseline; 40 changed more than half the rows since it: a new baseline; 20, 30, 50 differentials.
+  # 10 the first baseline; at 40 the differentials since it would add up to more than half a whole checkpoint
+  # (600 rows of each replica changed): a new baseline; 20, 30, 50 differentials.
   assert stats['checkpoint_baselines'] == 2 and stats['checkpoint_differentials'] == 3, stats
   changed = sum(int((saved[s]['train'].row_steps > b).sum()) for s, b in ((20, 10), (30, 10), (50, 40)))
   assert stats['checkpoint_rows_written'] == 2 * L * V + changed, stats
