@@ -101,6 +101,9 @@ def main(argv):
   try:
     summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except BaseException as error:  # pylint: disable=broad-except
+    if FLAGS.num_processes == 1 and type(error) is real_failures.UnrecoverableError:
+      print(f'{cli.ERROR_PREFIX}{error}', file=sys.stderr)  # A checkpoint gone or of another run: one line.
+      sys.exit(UNRECOVERABLE)
     if FLAGS.num_processes == 1:
       raise
     # A device count that does not fit, or a restart whose checkpoint is gone: one line, and no restart.

@@ -155,6 +155,18 @@ def test_an_unexpected_error_keeps_its_traceback(tmp_path):
   assert result.returncode == 1 and 'Traceback' in result.stderr and 'IsADirectoryError' in result.stderr
 
 
+def test_a_workdir_of_another_run_is_one_line_with_exit_status_3(tmp_path):
+  """Its checkpoint holds another state (here: another top MLP): the run says so and what to do, once,
+  never "damaged", never a traceback."""
+  first = _run('experiments.train', f'--workdir={tmp_path}', TINY, '--config.train.stop_at_step=4')
+  assert first.returncode == 0, first.stderr[-2000:]
+  result = _run('experiments.train', f'--workdir={tmp_path}', TINY, '--config.model.top_mlp=[32,1]')
+  assert result.returncode == 3, result.stderr[-2000:]
+  assert 'Traceback' not in result.stderr and 'damaged' not in result.stderr, result.stderr[-2000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
+  assert len(errors) == 1 and 'does not match this run' in errors[0] and 'Use a new workdir' in errors[0]
+
+
 @pytest.mark.parametrize('module', ['experiments.coordinator', 'experiments.launch'])
 def test_the_coordinator_and_the_launcher_start_without_the_training_stack(module):
   """Each generation of a job waits for its coordinator to serve before its processes start: the config schema, and

@@ -38,6 +38,7 @@ processes), so each process restores only its own directory.
 """
 
 from collections.abc import Callable
+import json
 import logging
 import pathlib
 import re
@@ -59,8 +60,13 @@ from shadowsync_jax.recovery import row_blocks
 PyTree = Any
 
 SKIPPED = ocp.PLACEHOLDER  # A leaf `restore_partial` does not read (in its argument and in what it returns).
+_SHAPES = 'saved_shapes'  # The data item's key of every leaf's shape and dtype as saved (`_check_shapes`).
 ASYNC_SAVE_MAX_BYTES = 256 << 20  # A larger state (this process's part) is saved blocking, without a copy.
 LARGE_LEAF_BYTES = 1 << 20  # In a blocking save, leaves from this size on go by blocks of rows (`row_blocks`).
+
+
+class MismatchError(ValueError):
+  """A checkpoint that is not of this run's state (another model, algorithm, replica count, version of the code)."""
 
 
 class _WithoutSizeLogging(logging.Filter):
@@ -137,6 +143,7 @@ class Checkpointer:
   def restore(self, step: int, abstract_state: PyTree) -> tuple[PyTree, dict[str, Any]]:
     """The checkpoint at `step` as (state, data), arrays placed like `abstract_state` (this process's [L, ...])."""
     self._manager.wait_until_finished()
+    self._check_shapes(step, abstract_state)
     started = time.perf_counter()
     in_blocks = self._row_block_leaves(step, abstract_state)
     abstract_job = _job_abstract(_skipping(abstract_state, in_blocks), self._meshes)
@@ -149,7 +156,7 @@ class Checkpointer:
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     except (ValueError, KeyError, FileNotFoundError) as error:  # Orbax lists tree paths; say first what to do.
-      raise ValueError(
+      raise MismatchError(
         f'The checkpoint at step {step} in {self.directory} does not match this run (another model, sync '
         'algorithm, replica or process count, or an older version of the code). Use a new workdir, or delete '
         f'that checkpoint directory to start over. Orbax said: {error}'
@@ -157,7 +164,9 @@ class Checkpointer:
     state = _merged(self._local(restored.state), restored.get('tables') or {})
     state = jax.block_until_ready(state)
     self._timings['restore_s'].append(time.perf_counter() - started)
-    return state, dict(restored.data)
+    data = dict(restored.data)
+    data.pop(_SHAPES, None)
+    return state, data
 
   def restore_latest(self, abstract_state: PyTree) -> tuple[PyTree, dict[str, Any]] | None:
     """The newest complete checkpoint as (state, data); None if there is none."""
@@ -187,6 +196,25 @@ class Checkpointer:
     )
     tables = row_blocks.RowBlockHandler().restore(self._item(step, 'tables'), row_blocks.RowBlockRestore(in_blocks))
     return _merged(self._local(restored), tables)
+
+  def _check_shapes(self, step: int, abstract_state: PyTree) -> None:
+    """Raises `MismatchError` where a leaf saved at `step` has another shape or dtype than `abstract_state`'s
+    (orbax restores into other shapes by cutting or padding: a run with narrower tables would go on silently)."""
+    try:
+      saved = json.loads((self._item(step, 'data') / 'metadata').read_text()).get(_SHAPES)
+    except (OSError, ValueError):
+      return  # Orbax's restore says what is wrong with the checkpoint.
+    if saved is None:
+      return
+    wanted = _shapes(abstract_state)
+    differ = [(name, saved.get(name), shape) for name, shape in wanted.items() if saved.get(name) != shape]
+    if differ or set(saved) != set(wanted):
+      name, there, here = differ[0] if differ else (sorted(set(saved) ^ set(wanted))[0], None, None)
+      raise MismatchError(
+        f'The checkpoint at step {step} in {self.directory} does not match this run: {name} is {there} there, '
+        f'{here} here (another model, sync algorithm, replica or process count, or an older version of the code). '
+        'Use a new workdir, or delete that checkpoint directory to start over.'
+      )
 
   def _local(self, restored_job: PyTree) -> PyTree:
     return jax.tree.map(
@@ -221,6 +249,7 @@ class Checkpointer:
     self._last_blocked = self.blocks(state)
     num_bytes = memory.state_bytes(state)
     in_blocks = _large_leaves(state) if self._last_blocked else {}
+    shapes = _shapes(state)  # Of every leaf as saved: a restore into other shapes is refused (orbax would cut them).
     if in_blocks:  # A byte a device where a leaf went to the `tables` item (orbax saves arrays only, here).
       num_local = self._meshes.local.shape[replicas.REPLICA_AXIS]
       sharding = replicas.replica_sharding(self._meshes.local)
@@ -228,7 +257,7 @@ class Checkpointer:
       state = _standing_in(state, in_blocks, stand_in)
     items = {
       'state': ocp.args.PyTreeSave(replicas.to_job(state, self._meshes)),
-      'data': ocp.args.JsonSave({'step': step, **data}),
+      'data': ocp.args.JsonSave({'step': step, **data, _SHAPES: shapes}),
     }
     if in_blocks:
       items['tables'] = row_blocks.RowBlockSave(in_blocks)
@@ -312,6 +341,12 @@ class Checkpointer:
 def _leaf_name(path) -> str:
   """A leaf's tree path as a directory name: "['train'].params['embedding']" -> 'train_params_embedding'."""
   return re.sub(r'[^A-Za-z0-9]+', '_', jax.tree_util.keystr(path)).strip('_')
+
+
+def _shapes(tree: PyTree) -> dict[str, list]:
+  """{leaf name: [shape, dtype]} of a tree of arrays or shapes (`SKIPPED` leaves left out)."""
+  flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is SKIPPED)[0]
+  return {_leaf_name(path): [list(x.shape), str(x.dtype)] for path, x in flat if x is not SKIPPED}
 
 
 def _large_leaves(state: PyTree) -> dict[str, jax.Array]:

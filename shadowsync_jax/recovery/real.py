@@ -159,6 +159,8 @@ class RealFailures:
     elif source == 'checkpoint':
       try:
         tree, _ = self._checkpointer.restore(restored_step, abstract)
+      except checkpointing.MismatchError as error:  # Another run's checkpoint: say so, not "damaged".
+        raise UnrecoverableError(str(error)) from error
       except Exception as error:  # pylint: disable=broad-except  (whatever a truncated or damaged file raises)
         raise UnrecoverableError(
           f'process {self._process} cannot read its checkpoint of step {restored_step} in '
