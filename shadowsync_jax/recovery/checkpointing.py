@@ -66,7 +66,8 @@ LARGE_LEAF_BYTES = 1 << 20  # In a blocking save, leaves from this size on go by
 
 
 class MismatchError(ValueError):
-  """A checkpoint that is not of this run's state (another model, algorithm, replica count, version of the code)."""
+  """A checkpoint of another state than this run's (the shapes its save wrote down differ): another model, algorithm,
+  replica count, or version of the code."""
 
 
 class _WithoutSizeLogging(logging.Filter):
@@ -156,7 +157,7 @@ class Checkpointer:
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     except (ValueError, KeyError, FileNotFoundError) as error:  # Orbax lists tree paths; say first what to do.
-      raise MismatchError(
+      raise ValueError(
         f'The checkpoint at step {step} in {self.directory} does not match this run (another model, sync '
         'algorithm, replica or process count, or an older version of the code). Use a new workdir, or delete '
         f'that checkpoint directory to start over. Orbax said: {error}'
