@@ -403,10 +403,11 @@ class Generation:
             self._cut_links()
             if self._on_ready is not None:
               threading.Thread(target=self._on_ready, name='standby', daemon=True).start()
+          self._kill_the_waiting_victim()
         elif len(words) == 2 and words[0] == 'kill':
           with self._lock:
             self._kill_waiting = (process_id, int(words[1]))
-        self._kill_the_waiting_victim()
+          self._kill_the_waiting_victim()
 
   def _kill_the_waiting_victim(self) -> None:
     """A process at its `--kill_at` step waits there to be killed; it is killed once every process trains (a peer

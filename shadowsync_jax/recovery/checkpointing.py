@@ -247,8 +247,8 @@ class Checkpointer:
     (module docstring)."""
     if step in self._manager.all_steps():
       return False
-    self._last_blocked = self.blocks(state)
     num_bytes = memory.state_bytes(state)
+    self._last_blocked = num_bytes > ASYNC_SAVE_MAX_BYTES  # `blocks(state)`.
     in_blocks = _large_leaves(state) if self._last_blocked else {}
     shapes = _shapes(state)  # Of every leaf as saved: a restore into other shapes is refused (orbax would cut them).
     if in_blocks:  # A byte a device where a leaf went to the `tables` item (orbax saves arrays only, here).

@@ -62,8 +62,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from shadowsync_jax import config as config_lib
 from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import cost_model
@@ -135,9 +135,7 @@ class EmulatedFailures:
     self._emulated_restore = recovery.restore_cost_steps if recovery.restore_cost_steps > 0 else None
     # Incremental checkpoints, modelled where saves are emulated (a larger system, whose whole saves block): a save
     # then costs the bytes of the rows changed since the last baseline (`incremental`), a baseline the whole.
-    setting = config_lib.incremental_setting(recovery.incremental)
-    applies = config_lib.incremental_why_not(config) is None
-    self._incremental = self._emulated_save is not None and (setting is True or (setting == 'auto' and applies))
+    self._incremental = self._emulated_save is not None and incremental.enabled(config, saves_block=True)
     self._baseline_step: int | None = None
     self._since_baseline = 0.0  # The modelled differentials' shares since the baseline.
     self._save_fractions: list[float] = []  # Of a whole checkpoint's bytes, each save's (emulated costs only).
@@ -197,12 +195,8 @@ class EmulatedFailures:
         bytes_per_row=restore.bytes_per_row(state_L),
       )
     self._checkpoint_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(self._abstract))
-    num_rows = state_L.row_steps.shape[1]
-    self._rows_bytes = sum(  # Of the leaves indexed by row (tables, their optimizer state, stamps): a differential's.
-      math.prod(x.shape) * x.dtype.itemsize
-      for path, x in jax.tree_util.tree_flatten_with_path(self._abstract)[0]
-      if incremental.is_row_leaf(jax.tree_util.keystr(path), x, num_rows)
-    )
+    # Of the leaves indexed by row (tables, their optimizer state, stamps): what a differential writes a share of.
+    self._rows_bytes = memory.state_bytes([x for _, x in incremental.row_and_dense_leaves(self._abstract)[0]])
     self._executed = self._high_water = step
     if self._checkpointer.latest_step() != step:
       started = time.perf_counter()

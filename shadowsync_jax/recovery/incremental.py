@@ -38,8 +38,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
+from shadowsync_jax import config as config_lib
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
@@ -49,18 +51,28 @@ _ROW_PREFIXES = ("['train'].params['embedding']", "['train'].embedding_opt_state
 _STAMPS = "['train'].row_steps"
 
 
-def enabled(setting: bool | str, why_not: str | None, state_bytes: int) -> bool:
-  """`recovery.incremental` for this run (`config.incremental_setting`): 'auto' is on where it applies (`why_not`
-  None: `config.incremental_why_not`) and a full save would block the loop (this process's state above
-  `checkpointing.ASYNC_SAVE_MAX_BYTES`); True and False as given."""
+def enabled(config: ml_collections.ConfigDict, saves_block: bool) -> bool:
+  """`recovery.incremental` for a run: 'auto' is on where it applies (`config.incremental_why_not`) and a whole
+  save would block the loop (`saves_block`: this process's state above `checkpointing.ASYNC_SAVE_MAX_BYTES`, or
+  emulated save costs); true and false as given."""
+  setting = config_lib.incremental_setting(config.recovery.incremental)
   if setting == 'auto':
-    return why_not is None and state_bytes > checkpointing.ASYNC_SAVE_MAX_BYTES
+    return saves_block and config_lib.incremental_why_not(config) is None
   return bool(setting)
 
 
 def is_row_leaf(path: str, leaf: Any, num_rows: int) -> bool:
   """Whether a leaf of a training tree is indexed by embedding row on its second axis ([L, V, ...])."""
   return path.startswith(_ROW_PREFIXES) and getattr(leaf, 'ndim', 0) >= 2 and leaf.shape[1] == num_rows
+
+
+def row_and_dense_leaves(tree: PyTree) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+  """A training tree's leaves as (path, leaf), split into those indexed by embedding row (`is_row_leaf`) and the
+  rest, in tree order."""
+  flat = [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  num_rows = next(leaf for path, leaf in flat if path == _STAMPS).shape[1]
+  rows = [(path, x) for path, x in flat if is_row_leaf(path, x, num_rows)]
+  return rows, [(path, x) for path, x in flat if not is_row_leaf(path, x, num_rows)]
 
 
 @jax.jit
@@ -163,16 +175,13 @@ class IncrementalCheckpointer:
     self._prune()
     if self._baseline is not None and self._full.saving():
       self._full.wait()  # A differential needs its baseline complete on disk.
-    flat = [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
-    stamps = next(leaf for path, leaf in flat if path == _STAMPS)
+    rows, dense = row_and_dense_leaves(tree)
+    stamps = dict(rows)[_STAMPS]
     whole_bytes, changed = memory.state_bytes(tree), None
     if self._baseline is not None and self._baseline in self._full.all_steps():
       changed = [np.flatnonzero(row > self._baseline).astype(np.int32) for row in np.asarray(stamps)]
-      rows = [(path, x) for path, x in flat if is_row_leaf(path, x, stamps.shape[1])]
       row_bytes = sum(x.dtype.itemsize * int(np.prod(x.shape[2:])) for _, x in rows) + np.int32().itemsize
-      differential_bytes = (
-        sum(len(c) for c in changed) * row_bytes + whole_bytes - memory.state_bytes([x for _, x in rows])
-      )
+      differential_bytes = sum(len(c) for c in changed) * row_bytes + memory.state_bytes([x for _, x in dense])
       if self._since_baseline_bytes + differential_bytes >= self._rebaseline_fraction * whole_bytes:
         changed = None  # The differentials since the baseline would add up to as much as a new one.
     if changed is None:
@@ -181,17 +190,17 @@ class IncrementalCheckpointer:
       self.last_save = {'kind': 'baseline', 'bytes': whole_bytes, 'rows': int(np.prod(stamps.shape))}
       self._account('baseline', self.last_save['bytes'], self.last_save['rows'])
     else:
-      saved = self._save_differential(step, flat, rows, changed, data)
+      saved = self._save_differential(step, rows, dense, changed, data)
       self.last_save = {'kind': 'differential', 'bytes': differential_bytes, 'rows': sum(len(c) for c in changed)}
       self._since_baseline_bytes += differential_bytes
     self._blocked_s += time.perf_counter() - started
     return saved
 
   def _save_differential(
-    self, step: int, flat: list, rows: list, changed: list[np.ndarray], data: dict[str, Any]
+    self, step: int, rows: list, dense: list, changed: list[np.ndarray], data: dict[str, Any]
   ) -> bool:
     """Gathers the `changed` rows of each device out of the row leaves `rows` ([(path, leaf)]) and copies the
-    other leaves of `flat`, on the device; hands them to the writer."""
+    `dense` ones, on the device; hands them to the writer."""
     counts, num_rows = [len(c) for c in changed], rows[0][1].shape[1]
     ids_LxM = np.full((len(changed), _bucket(max(counts))), num_rows, np.int32)
     for local, ids in enumerate(changed):
@@ -199,7 +208,7 @@ class IncrementalCheckpointer:
     sharding = replicas.replica_sharding(self._meshes.local)
     row_paths = [path for path, _ in rows]
     values = _gather([x for _, x in rows], jax.device_put(ids_LxM, sharding))
-    dense = _copy({path: x for path, x in flat if path not in row_paths})
+    dense = _copy(dict(dense))
     meta = {'step': step, 'baseline': self._baseline, 'rows_changed': counts, 'data': {'step': step, **data}}
     self._pending = self._writer.submit(self._write, step, meta, changed, dict(zip(row_paths, values)), dense)
     return True

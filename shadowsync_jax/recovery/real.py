@@ -51,7 +51,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from shadowsync_jax import config as config_lib
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.model import table_placement
 from shadowsync_jax.parallel import control
@@ -338,12 +337,10 @@ class RealFailures:
     need: everything a common cut may need under full recovery, `cpr` and lock-step algorithms; else the two newest."""
     keep_older = self.mode == 'full' or self.requested_mode == 'cpr' or self._lock_step
     directory, keep = self._workdir / 'checkpoints', None if keep_older else 2
-    recovery = self._config.recovery
-    setting = config_lib.incremental_setting(recovery.incremental)
-    if not incremental.enabled(setting, config_lib.incremental_why_not(self._config), state_bytes):
+    if not incremental.enabled(self._config, saves_block=state_bytes > checkpointing.ASYNC_SAVE_MAX_BYTES):
       return checkpointing.Checkpointer(directory, self._meshes, max_to_keep=keep)
     full = checkpointing.Checkpointer(directory, self._meshes, max_to_keep=None)
-    return incremental.IncrementalCheckpointer(full, self._meshes, recovery.rebaseline_fraction, keep=keep)
+    return incremental.IncrementalCheckpointer(full, self._meshes, self._config.recovery.rebaseline_fraction, keep=keep)
 
   # Modes and intervals.
 
