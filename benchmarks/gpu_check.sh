@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check, prepared to run in one go when a session is lent a GPU machine (BUILD.md, "Run on a GPU"): the loop
-# benchmark, the README's default job and Criteo Kaggle's GPU-sized variant on the synthetic stream, with the GPU's
+# The GPU check, prepared to run in one go when a session is lent a GPU machine (BUILD.md, "Run on a GPU"): the
+# synthetic stream read by 1-12 reader threads, the loop benchmark, the README's default job and Criteo Kaggle's
+# GPU-sized variant on the synthetic stream, with the GPU's
 # utilization sampled by nvidia-smi every 0.2 s and read per phase. Everything lands in $OUT (default /tmp/gpu_check):
 # each phase's output, smi.csv, phases.txt and summary.txt (the GPU's mean utilization while each phase trained).
 #
@@ -26,9 +27,30 @@ phase() {  # phase NAME SECONDS COMMAND...: runs COMMAND, its output in $OUT/NAM
   echo "$name end $(date +%s.%N) exit $?" >>"$OUT/phases.txt"
 }
 
-phase loop 240 "$PYTHON" -m benchmarks.loop --repeats=2 --out="$OUT/loop.md" --root=/tmp/gpu_check_loop
-phase default 120 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_default
-phase kaggle_gpu 240 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_kaggle_gpu \
+phase reader 45 "$PYTHON" - <<'READER'
+# How fast blocks of the synthetic stream are read by 1..12 reader threads (data.reader_threads; read_block's pieces).
+import functools, time
+from concurrent import futures
+from experiments.configs import criteo_kaggle, default
+from shadowsync_jax.data import input_pipeline, synthetic
+input_pipeline.pin_blas_threads()
+for name, make in (('default', default.get_config), ('kaggle', criteo_kaggle.get_config)):
+  spec = synthetic.SyntheticSpec(seed=0, cardinalities=tuple(make().data.cardinalities))
+  source = synthetic.SyntheticSource(spec)
+  for threads in (1, 4, 8, 12):
+    with futures.ThreadPoolExecutor(threads) as pool:
+      read = functools.partial(input_pipeline.read_block, source, 1, 16384, map_fn=pool.map)
+      read(0, 4, 4)
+      started = time.perf_counter()
+      for block in range(1, 9):
+        read(block * 4, 4, 4)
+      print(f'{name}: {threads} reader threads: {8 * 4 * 16384 / (time.perf_counter() - started):,.0f} examples/s',
+            flush=True)
+READER
+phase loop 240 "$PYTHON" -m benchmarks.loop --repeats=2 --default_examples=4000000 --kaggle_examples=1000000 \
+  --out="$OUT/loop.md" --root=/tmp/gpu_check_loop
+phase default 90 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_default
+phase kaggle_gpu 150 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_kaggle_gpu \
   --config=experiments/configs/criteo_kaggle.py:gpu --config.data.source=synthetic \
   --config.data.num_train_examples=20000000 --config.data.num_eval_examples=262144
 kill $SMI 2>/dev/null
@@ -54,8 +76,12 @@ for name, p in phases.items():
   inside = [s for s in samples if p['start'] <= s[0] <= p.get('end', p['start'])]
   busy = sum(s[1] for s in inside) / len(inside) if inside else float('nan')
   memory = max((s[2] for s in inside), default=float('nan'))
+  working = [s for s in inside if s[1] > 0]  # From the first sample the GPU worked to the last: the training.
+  window = [s for s in inside if working and working[0][0] <= s[0] <= working[-1][0]]
+  busy_window = sum(s[1] for s in window) / len(window) if window else float('nan')
   print(f'{name}: exit {p.get("exit")}, {p.get("end", p["start"]) - p["start"]:.0f} s, GPU busy {busy:.0f}% on '
-        f'average over the phase ({len(inside)} samples), GPU memory up to {memory:.0f} MiB')
+        f'average over the phase ({len(inside)} samples), {busy_window:.0f}% from its first busy sample to its last '
+        f'({len(window)} samples), GPU memory up to {memory:.0f} MiB')
   tail = (out / f'{name}.txt').read_text().strip().splitlines()[-3:]
   print('  ' + '\n  '.join(tail))
 EOF

@@ -120,6 +120,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.cardinalities = CRITEO_SHAPED_CARDINALITIES
   config.data.zipf_exponent = 1.05  # synthetic: skew of the categorical ids.
   config.data.drift = 0.0  # synthetic: how fast the teacher drifts along the stream (0 = stationary).
+  # Threads that read a block of the training stream side by side while the block before trains, or 'auto': one a
+  # core this process may run on, less one (1 on a 2-core machine, 8 at most). Typed `object`: a number or 'auto'.
+  config.data.reader_threads = ml_collections.FieldReference('auto', field_type=object)
 
   config.model = ml_collections.ConfigDict()
   config.model.embedding_dim = 16  # D: width of every embedding row; the bottom MLP ends at D.
@@ -395,6 +398,9 @@ def _check_choice(config: ml_collections.ConfigDict, key: str, choices: tuple[st
 
 def _check_data_source(data: ml_collections.ConfigDict) -> None:
   """The source and the files or prepared dataset it reads: there, and of the right kind."""
+  threads = data.reader_threads
+  if threads != 'auto' and not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
+    raise ConfigError(f"data.reader_threads={threads!r} must be 'auto' or an integer >= 1.")
   if data.source not in DATA_SOURCES:
     raise ConfigError(f'data.source={data.source!r} is not one of {", ".join(DATA_SOURCES)}.')
   if data.source == 'criteo':

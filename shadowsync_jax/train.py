@@ -268,6 +268,7 @@ class BlockDispatcher:
       config.batch_size,
       self.plan.block_steps,
       replicas=range(first, first + self._num_local),
+      threads=input_pipeline.reader_threads(config.data.reader_threads),
     )
     self._train_block = make_train_block(config, meshes)
     self._in_flight = None

@@ -16,9 +16,10 @@ Sources: the synthetic stream, Criteo TSV files parsed as they are read (`criteo
 read through grain (`prepared.source`); lengths of 0 in the config mean all of the data (`lengths`).
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 import functools
+import os
 from typing import NamedTuple, Protocol
 
 import grain
@@ -35,6 +36,8 @@ from shadowsync_jax.data.criteo import source as criteo_source
 from shadowsync_jax.data.prepared import manifest as prepared_manifest
 
 _GROUP_ROWS = 4096
+_PIECE_ROWS = 4096  # A block is read in pieces of at least this many examples, one a reader thread.
+_MAX_PIECES = 8
 
 
 class Source(Protocol):
@@ -143,30 +146,41 @@ def read_block(
   num_steps: int,
   block_steps: int,
   replicas: range | None = None,
+  map_fn: Callable = map,
 ) -> Batch:
   """Global steps [first_step, first_step + num_steps) for the replicas in `replicas` (default all R) as one block
   [L, block_steps, B, ...]: replica first, step second (the layout `replicas.make_replicated_block` reads); the
   steps past `num_steps` are zeros (a block cut short runs the same compiled program, which never reads them).
 
-  All R replicas: one contiguous read of the whole block (one vectorized call into the source); a process's own
-  replicas: one read a step, of its replicas' contiguous slice.
+  All R replicas: the block's examples are one contiguous range of the stream, read in pieces of at least
+  `_PIECE_ROWS` examples; a process's own replicas: one read a step, of its replicas' contiguous slice. `map_fn`
+  runs the reads (a thread pool's `map` reads them side by side: `BlockReader`); the block does not depend on it.
   """
   replicas = range(num_replicas) if replicas is None else replicas
   if not 1 <= num_steps <= block_steps:
     raise ValueError(f'num_steps={num_steps} must be in [1, block_steps={block_steps}].')
   if len(replicas) == num_replicas:
-    flat = source.read(first_step * num_replicas * batch_size, num_steps * num_replicas * batch_size)
+    start, count = first_step * num_replicas * batch_size, num_steps * num_replicas * batch_size
+    bounds = np.linspace(start, start + count, max(1, min(_MAX_PIECES, count // _PIECE_ROWS)) + 1).astype(int)
+    pieces = list(map_fn(lambda a, b: source.read(int(a), int(b - a)), bounds[:-1], bounds[1:]))
+    flat = pieces[0] if len(pieces) == 1 else Batch(*(np.concatenate(f) for f in zip(*pieces)))
     stepwise = Batch(*(f.reshape(num_steps, num_replicas, batch_size, *f.shape[1:]) for f in flat))
   else:
-    each = [
-      read_global_batch(source, num_replicas, batch_size, s, replicas)
-      for s in range(first_step, first_step + num_steps)
-    ]
+    read_step = functools.partial(read_global_batch, source, num_replicas, batch_size, replicas=replicas)
+    each = list(map_fn(read_step, range(first_step, first_step + num_steps)))
     stepwise = Batch(*(np.stack(fields) for fields in zip(*each)))  # [n, L, B, ...]
   block = batch_lib.zeros(len(replicas), block_steps, batch_size)
   for into, field in zip(block, stepwise):
     into[:, :num_steps] = np.swapaxes(field, 0, 1)
   return block
+
+
+def reader_threads(setting: int | str) -> int:
+  """`data.reader_threads`: a count, or 'auto': one thread a core this process may run on, less one for the loop
+  (at least 1, at most `_MAX_PIECES`): 1 on this 2-core machine, where the step takes the other core."""
+  if setting != 'auto':
+    return int(setting)
+  return max(1, min(_MAX_PIECES, len(os.sched_getaffinity(0)) - 1))
 
 
 @functools.cache
@@ -181,20 +195,29 @@ class BlockReader:
   """Blocks of the training stream (`read_block`) read one ahead, in a thread of their own, while the current block
   trains (docs/design.md §13: double buffering).
 
-    reader = BlockReader(source, num_replicas, batch_size, block_steps=8, replicas=range(0, 4))
+    reader = BlockReader(source, num_replicas, batch_size, block_steps=8, replicas=range(0, 4), threads=4)
     reader.prefetch(step, n)            # starts reading steps [step, step + n)
     block = reader.take(step, n)        # [L, 8, B, ...]: the prefetched block if it holds these steps, else read now
 
-  The thread's numpy work releases the GIL for most of its time, so on a machine whose training step leaves a core
-  it overlaps with the step; errors are raised by `take`. A reader pins numpy's BLAS to one thread
-  (`pin_blas_threads`).
+  A block is read by `threads` threads side by side (`read_block`'s pieces): the numpy work of the synthetic
+  stream's generator and of the decoders releases the GIL for most of its time, so the reading scales with the
+  cores the step leaves (on a GPU host, most of them). Errors are raised by `take`. A reader pins numpy's BLAS to
+  one thread (`pin_blas_threads`).
   """
 
   def __init__(
-    self, source: Source, num_replicas: int, batch_size: int, block_steps: int, replicas: range | None = None
+    self,
+    source: Source,
+    num_replicas: int,
+    batch_size: int,
+    block_steps: int,
+    replicas: range | None = None,
+    threads: int = 1,
   ):
     pin_blas_threads()
-    self._read = functools.partial(read_block, source, num_replicas, batch_size, replicas=replicas)
+    self._pieces = futures.ThreadPoolExecutor(threads, thread_name_prefix='block-piece') if threads > 1 else None
+    map_fn = self._pieces.map if self._pieces else map
+    self._read = functools.partial(read_block, source, num_replicas, batch_size, replicas=replicas, map_fn=map_fn)
     self.block_steps = block_steps
     self._executor = futures.ThreadPoolExecutor(1, thread_name_prefix='block-reader')
     self._pending: tuple[int, int, futures.Future] | None = None
@@ -218,6 +241,8 @@ class BlockReader:
 
   def close(self) -> None:
     self._executor.shutdown(wait=True, cancel_futures=True)
+    if self._pieces:
+      self._pieces.shutdown(wait=True, cancel_futures=True)
 
 
 class _Steps(NamedTuple):

@@ -1,5 +1,6 @@
 """Tests of the one-pass stream layout: replica shards, resume, both sources through the same pipeline."""
 
+from concurrent import futures
 import pathlib
 
 import ml_collections
@@ -186,6 +187,19 @@ def test_a_block_holds_the_steps_replica_first_and_zeros_past_its_steps(replicas
     input_pipeline.read_block(IndexSource(), num_replicas, batch_size, 0, 6, 5)
 
 
+@pytest.mark.parametrize('replicas', [None, range(1, 3)])
+def test_a_block_read_in_pieces_by_threads_is_the_block_read_at_once(replicas):
+  """Reader threads (`data.reader_threads`) split a block's reads (the synthetic stream: pieces of the example range)
+  and change no value."""
+  stream = synthetic.SyntheticSource(synthetic.SyntheticSpec(seed=3, cardinalities=(50,) * 26))
+  at_once = input_pipeline.read_block(stream, 4, 1024, 1, 5, 6, replicas=replicas)
+  with futures.ThreadPoolExecutor(3) as pool:
+    in_pieces = input_pipeline.read_block(stream, 4, 1024, 1, 5, 6, replicas=replicas, map_fn=pool.map)
+  for field, expected in zip(in_pieces, at_once):
+    np.testing.assert_array_equal(field, expected)
+  assert input_pipeline.reader_threads(3) == 3 and 1 <= input_pipeline.reader_threads('auto') <= 8
+
+
 def test_the_block_reader_serves_a_prefetched_block_or_reads_the_one_asked_for():
   class Counting(IndexSource):
     reads = 0
@@ -194,7 +208,7 @@ def test_the_block_reader_serves_a_prefetched_block_or_reads_the_one_asked_for()
       Counting.reads += 1
       return super().read(start, count)
 
-  reader = input_pipeline.BlockReader(Counting(), 2, 4, block_steps=4)
+  reader = input_pipeline.BlockReader(Counting(), 2, 4, block_steps=4, threads=2)
   try:
     reader.prefetch(3, 4)
     block = reader.take(3, 2)  # Its first two steps: the prefetched block serves (steps past 2 are never used).
