@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The GPU check, prepared to run in one go when a session is lent a GPU machine (BUILD.md, "Run on a GPU"): the
-# synthetic stream read by 1-12 reader threads, the loop benchmark, the README's default job and Criteo Kaggle's
+# synthetic stream read by 1-12 readers, the loop benchmark, the README's default job and Criteo Kaggle's
 # GPU-sized variant on the synthetic stream, with the GPU's
 # utilization sampled by nvidia-smi every 0.2 s and read per phase. Everything lands in $OUT (default /tmp/gpu_check):
 # each phase's output, smi.csv, phases.txt and summary.txt (the GPU's mean utilization while each phase trained).
 #
 #   OUT=/tmp/gpu_check bash benchmarks/gpu_check.sh [python]
+#   PHASES=quick KAGGLE_EXAMPLES=4000000 OUT=... bash benchmarks/gpu_check.sh   # no loop benchmark, a shorter run
 #
 # The python to use is the first argument (default: python). Each phase has a time limit, so that one that hangs
 # leaves time for the rest; a phase that fails is said in summary.txt and the next one runs.
@@ -27,32 +28,32 @@ phase() {  # phase NAME SECONDS COMMAND...: runs COMMAND, its output in $OUT/NAM
   echo "$name end $(date +%s.%N) exit $?" >>"$OUT/phases.txt"
 }
 
-phase reader 45 "$PYTHON" - <<'READER'
-# How fast blocks of the synthetic stream are read by 1..12 reader threads (data.reader_threads; read_block's pieces).
-import functools, time
-from concurrent import futures
+phase reader 60 "$PYTHON" - <<'READER'
+# How fast blocks of the synthetic stream are read by 1..12 readers (data.readers), processes and threads.
+import time
 from experiments.configs import criteo_kaggle, default
-from shadowsync_jax.data import input_pipeline, synthetic
+from shadowsync_jax.data import input_pipeline, readers
 input_pipeline.pin_blas_threads()
 for name, make in (('default', default.get_config), ('kaggle', criteo_kaggle.get_config)):
-  spec = synthetic.SyntheticSpec(seed=0, cardinalities=tuple(make().data.cardinalities))
-  source = synthetic.SyntheticSource(spec)
-  for threads in (1, 4, 8, 12):
-    with futures.ThreadPoolExecutor(threads) as pool:
-      read = functools.partial(input_pipeline.read_block, source, 1, 16384, map_fn=pool.map)
-      read(0, 4, 4)
-      started = time.perf_counter()
-      for block in range(1, 9):
-        read(block * 4, 4, 4)
-      print(f'{name}: {threads} reader threads: {8 * 4 * 16384 / (time.perf_counter() - started):,.0f} examples/s',
-            flush=True)
+  config = make()
+  config.data.source, config.data.num_train_examples, config.data.num_eval_examples = 'synthetic', 1 << 26, 16384
+  source, _ = input_pipeline.make_sources(config.data, 0)
+  for kind, count in (('threads', 4), ('processes', 1), ('processes', 4), ('processes', 8), ('processes', 12)):
+    side_by_side = readers.make(source, count, processes=kind == 'processes') if count > 1 else readers.Serial(source)
+    side_by_side.read_range(0, 1 << 19)  # Starts the processes.
+    started = time.perf_counter()
+    for block in range(1, 5):
+      side_by_side.read_range(block << 19, 1 << 19)
+    print(f'{name}: {count} reader {kind}: {4 * (1 << 19) / (time.perf_counter() - started):,.0f} examples/s',
+          flush=True)
+    side_by_side.close()
 READER
-phase loop 240 "$PYTHON" -m benchmarks.loop --repeats=2 --default_examples=4000000 --kaggle_examples=1000000 \
+[[ ${PHASES:-} == quick ]] || phase loop 240 "$PYTHON" -m benchmarks.loop --repeats=2 --default_examples=4000000 --kaggle_examples=1000000 \
   --out="$OUT/loop.md" --root=/tmp/gpu_check_loop
 phase default 90 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_default
 phase kaggle_gpu 150 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_kaggle_gpu \
   --config=experiments/configs/criteo_kaggle.py:gpu --config.data.source=synthetic \
-  --config.data.num_train_examples=20000000 --config.data.num_eval_examples=262144
+  --config.data.num_train_examples=${KAGGLE_EXAMPLES:-20000000} --config.data.num_eval_examples=262144
 kill $SMI 2>/dev/null
 
 "$PYTHON" - "$OUT" <<'EOF' | tee "$OUT/summary.txt"

@@ -28,7 +28,8 @@ import math
 HOST_SHARE = 0.05  # The host's work per dispatch, as a share of the dispatch, that 'auto' allows.
 PROBE_STEPS = 8  # The longer of the two block sizes 'auto' times.
 PROBE = (1, PROBE_STEPS) * 3  # The timed blocks after the compiling one, in order.
-MAX_STEPS = 256  # The longest block 'auto' chooses.
+MAX_STEPS = 256  # The longest block 'auto' chooses,
+MAX_BLOCK_EXAMPLES = 2**20  # and at most this many of a process's examples a block (`max_steps_for`).
 
 
 def choose_steps_per_dispatch(host_s: float, step_s: float, max_steps: int, host_share: float = HOST_SHARE) -> int:
@@ -39,6 +40,15 @@ def choose_steps_per_dispatch(host_s: float, step_s: float, max_steps: int, host
     return max_steps
   needed = host_s / host_share / step_s
   return max(1, min(max_steps, 2 ** math.ceil(math.log2(max(needed, 1.0)))))
+
+
+def max_steps_for(examples_per_step: int) -> int:
+  """The longest block 'auto' may choose when a step holds `examples_per_step` of this process's examples:
+  `MAX_STEPS`, and at most `MAX_BLOCK_EXAMPLES` examples (a power of two). A block sits in host memory twice (the
+  one placed, the one read ahead) and once on the device, ~170 bytes an example: a GPU-sized batch of 16,384 at
+  256 steps a block held 0.7 GB a copy, where 64 steps already keep the dispatch's own cost small."""
+  fitting = MAX_BLOCK_EXAMPLES // max(1, examples_per_step)
+  return max(1, min(MAX_STEPS, 2 ** int(math.log2(fitting)) if fitting >= 1 else 1))
 
 
 def fit_host_and_step(timings: Iterable[tuple[int, float]]) -> tuple[float, float]:

@@ -120,9 +120,12 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.cardinalities = CRITEO_SHAPED_CARDINALITIES
   config.data.zipf_exponent = 1.05  # synthetic: skew of the categorical ids.
   config.data.drift = 0.0  # synthetic: how fast the teacher drifts along the stream (0 = stationary).
-  # Threads that read a block of the training stream side by side while the block before trains, or 'auto': one a
-  # core this process may run on, less one (1 on a 2-core machine, 8 at most). Typed `object`: a number or 'auto'.
-  config.data.reader_threads = ml_collections.FieldReference('auto', field_type=object)
+  # Readers of a block of the training stream, side by side while the block before trains, or 'auto': one a core
+  # this process may run on, less one (1 on a 2-core machine, 8 at most). Typed `object`: a number or 'auto'.
+  config.data.readers = ml_collections.FieldReference('auto', field_type=object)
+  # Whether they are processes (a GIL each; the source sent to them once) or threads; 'auto': processes where the
+  # source can be sent (the synthetic stream), threads elsewhere. Typed `object`: True, False or 'auto'.
+  config.data.reader_processes = ml_collections.FieldReference('auto', field_type=object)
 
   config.model = ml_collections.ConfigDict()
   config.model.embedding_dim = 16  # D: width of every embedding row; the bottom MLP ends at D.
@@ -398,9 +401,11 @@ def _check_choice(config: ml_collections.ConfigDict, key: str, choices: tuple[st
 
 def _check_data_source(data: ml_collections.ConfigDict) -> None:
   """The source and the files or prepared dataset it reads: there, and of the right kind."""
-  threads = data.reader_threads
-  if threads != 'auto' and not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
-    raise ConfigError(f"data.reader_threads={threads!r} must be 'auto' or an integer >= 1.")
+  readers = data.readers
+  if readers != 'auto' and not (isinstance(readers, int) and not isinstance(readers, bool) and readers >= 1):
+    raise ConfigError(f"data.readers={readers!r} must be 'auto' or an integer >= 1.")
+  if data.reader_processes not in ('auto', True, False):
+    raise ConfigError(f"data.reader_processes={data.reader_processes!r} must be 'auto', True or False.")
   if data.source not in DATA_SOURCES:
     raise ConfigError(f'data.source={data.source!r} is not one of {", ".join(DATA_SOURCES)}.')
   if data.source == 'criteo':

@@ -42,6 +42,7 @@ from shadowsync_jax import block_plan
 from shadowsync_jax import config as config_lib
 from shadowsync_jax.data import batch as batch_lib
 from shadowsync_jax.data import input_pipeline
+from shadowsync_jax.data import readers as readers_lib
 from shadowsync_jax.gba import emulated as gba_emulated
 from shadowsync_jax.gba import processes as gba_processes
 from shadowsync_jax.metrics import evaluation
@@ -261,14 +262,16 @@ class BlockDispatcher:
     self._config, self._meshes = config, meshes
     self._num_local = meshes.local.shape[replicas.REPLICA_AXIS]
     first = jax.process_index() * self._num_local
-    self.plan = block_plan.BlockPlan(steps_per_dispatch(config), stop_step)
+    max_steps = block_plan.max_steps_for(self._num_local * config.batch_size)
+    self.plan = block_plan.BlockPlan(steps_per_dispatch(config), stop_step, max_steps)
     self.reader = input_pipeline.BlockReader(
       source,
       config.num_replicas,
       config.batch_size,
       self.plan.block_steps,
       replicas=range(first, first + self._num_local),
-      threads=input_pipeline.reader_threads(config.data.reader_threads),
+      readers=readers_lib.count(config.data.readers),
+      processes=config.data.reader_processes,
     )
     self._train_block = make_train_block(config, meshes)
     self._in_flight = None

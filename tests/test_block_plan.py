@@ -82,3 +82,11 @@ def test_invalid_steps_per_dispatch_and_a_block_past_the_stop():
   with pytest.raises(ValueError, match='stops at 10'):
     block_plan.BlockPlan(2, stop_step=10).next_block(10)
   assert block_plan.next_multiple(7, None) is None and block_plan.next_multiple(10, 5) == 15
+
+
+@pytest.mark.parametrize(
+  'examples_per_step, expected', [(256, 256), (8 * 256, 256), (16_384, 64), (100_000, 8), (2**21, 1)]
+)
+def test_a_block_holds_at_most_a_million_examples_of_the_process(examples_per_step, expected):
+  """'auto' never chooses a block past 2^20 of a process's examples (a GPU-sized batch of 16,384: 64 steps)."""
+  assert block_plan.max_steps_for(examples_per_step) == expected

@@ -16,10 +16,9 @@ Sources: the synthetic stream, Criteo TSV files parsed as they are read (`criteo
 read through grain (`prepared.source`); lengths of 0 in the config mean all of the data (`lengths`).
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 import functools
-import os
 from typing import NamedTuple, Protocol
 
 import grain
@@ -29,6 +28,7 @@ import threadpoolctl
 
 from shadowsync_jax.data import batch as batch_lib
 from shadowsync_jax.data import lengths
+from shadowsync_jax.data import readers as readers_lib
 from shadowsync_jax.data import synthetic
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.data.criteo import files as criteo_files
@@ -36,8 +36,6 @@ from shadowsync_jax.data.criteo import source as criteo_source
 from shadowsync_jax.data.prepared import manifest as prepared_manifest
 
 _GROUP_ROWS = 4096
-_PIECE_ROWS = 4096  # A block is read in pieces of at least this many examples, one a reader thread.
-_MAX_PIECES = 8
 
 
 class Source(Protocol):
@@ -146,41 +144,34 @@ def read_block(
   num_steps: int,
   block_steps: int,
   replicas: range | None = None,
-  map_fn: Callable = map,
+  readers: readers_lib.Serial | None = None,
 ) -> Batch:
   """Global steps [first_step, first_step + num_steps) for the replicas in `replicas` (default all R) as one block
   [L, block_steps, B, ...]: replica first, step second (the layout `replicas.make_replicated_block` reads); the
   steps past `num_steps` are zeros (a block cut short runs the same compiled program, which never reads them).
 
-  All R replicas: the block's examples are one contiguous range of the stream, read in pieces of at least
-  `_PIECE_ROWS` examples; a process's own replicas: one read a step, of its replicas' contiguous slice. `map_fn`
-  runs the reads (a thread pool's `map` reads them side by side: `BlockReader`); the block does not depend on it.
+  All R replicas: the block's examples are one contiguous range of the stream; a process's own replicas: one range
+  a step, its replicas' contiguous slice. `readers` (default: `source.read` in the caller) read them, side by side
+  where they are threads or processes (`BlockReader`); the block does not depend on how it was read.
   """
   replicas = range(num_replicas) if replicas is None else replicas
+  readers = readers or readers_lib.Serial(source)
   if not 1 <= num_steps <= block_steps:
     raise ValueError(f'num_steps={num_steps} must be in [1, block_steps={block_steps}].')
   if len(replicas) == num_replicas:
-    start, count = first_step * num_replicas * batch_size, num_steps * num_replicas * batch_size
-    bounds = np.linspace(start, start + count, max(1, min(_MAX_PIECES, count // _PIECE_ROWS)) + 1).astype(int)
-    pieces = list(map_fn(lambda a, b: source.read(int(a), int(b - a)), bounds[:-1], bounds[1:]))
-    flat = pieces[0] if len(pieces) == 1 else Batch(*(np.concatenate(f) for f in zip(*pieces)))
+    flat = readers.read_range(first_step * num_replicas * batch_size, num_steps * num_replicas * batch_size)
     stepwise = Batch(*(f.reshape(num_steps, num_replicas, batch_size, *f.shape[1:]) for f in flat))
   else:
-    read_step = functools.partial(read_global_batch, source, num_replicas, batch_size, replicas=replicas)
-    each = list(map_fn(read_step, range(first_step, first_step + num_steps)))
-    stepwise = Batch(*(np.stack(fields) for fields in zip(*each)))  # [n, L, B, ...]
+    rows = len(replicas) * batch_size
+    starts = [(step * num_replicas + replicas.start) * batch_size for step in range(first_step, first_step + num_steps)]
+    each = readers.read_ranges([(start, rows) for start in starts])
+    stepwise = Batch(
+      *(np.stack([f.reshape(len(replicas), batch_size, *f.shape[1:]) for f in fields]) for fields in zip(*each))
+    )
   block = batch_lib.zeros(len(replicas), block_steps, batch_size)
   for into, field in zip(block, stepwise):
-    into[:, :num_steps] = np.swapaxes(field, 0, 1)
+    into[:, :num_steps] = np.swapaxes(field, 0, 1)  # A copy: readers' buffers are theirs again after this.
   return block
-
-
-def reader_threads(setting: int | str) -> int:
-  """`data.reader_threads`: a count, or 'auto': one thread a core this process may run on, less one for the loop
-  (at least 1, at most `_MAX_PIECES`): 1 on this 2-core machine, where the step takes the other core."""
-  if setting != 'auto':
-    return int(setting)
-  return max(1, min(_MAX_PIECES, len(os.sched_getaffinity(0)) - 1))
 
 
 @functools.cache
@@ -195,14 +186,13 @@ class BlockReader:
   """Blocks of the training stream (`read_block`) read one ahead, in a thread of their own, while the current block
   trains (docs/design.md §13: double buffering).
 
-    reader = BlockReader(source, num_replicas, batch_size, block_steps=8, replicas=range(0, 4), threads=4)
+    reader = BlockReader(source, num_replicas, batch_size, block_steps=8, replicas=range(0, 4), readers=4)
     reader.prefetch(step, n)            # starts reading steps [step, step + n)
     block = reader.take(step, n)        # [L, 8, B, ...]: the prefetched block if it holds these steps, else read now
 
-  A block is read by `threads` threads side by side (`read_block`'s pieces): the numpy work of the synthetic
-  stream's generator and of the decoders releases the GIL for most of its time, so the reading scales with the
-  cores the step leaves (on a GPU host, most of them). Errors are raised by `take`. A reader pins numpy's BLAS to
-  one thread (`pin_blas_threads`).
+  A block is read by `readers` readers side by side (`readers.make`: processes where the source can be sent to one,
+  as the synthetic stream can, else threads; `processes` forces either). Errors are raised by `take`. A reader pins
+  numpy's BLAS to one thread (`pin_blas_threads`).
   """
 
   def __init__(
@@ -212,12 +202,14 @@ class BlockReader:
     batch_size: int,
     block_steps: int,
     replicas: range | None = None,
-    threads: int = 1,
+    readers: int = 1,
+    processes: bool | str = 'auto',
   ):
     pin_blas_threads()
-    self._pieces = futures.ThreadPoolExecutor(threads, thread_name_prefix='block-piece') if threads > 1 else None
-    map_fn = self._pieces.map if self._pieces else map
-    self._read = functools.partial(read_block, source, num_replicas, batch_size, replicas=replicas, map_fn=map_fn)
+    self._readers = readers_lib.make(source, readers, processes)
+    self._read = functools.partial(
+      read_block, source, num_replicas, batch_size, replicas=replicas, readers=self._readers
+    )
     self.block_steps = block_steps
     self._executor = futures.ThreadPoolExecutor(1, thread_name_prefix='block-reader')
     self._pending: tuple[int, int, futures.Future] | None = None
@@ -240,9 +232,10 @@ class BlockReader:
     self.block_steps = block_steps
 
   def close(self) -> None:
+    """Stops reading: a block read ahead and not taken is dropped after the pieces under way (at the end of a run,
+    one read past a boundary nobody reached)."""
+    self._readers.close()
     self._executor.shutdown(wait=True, cancel_futures=True)
-    if self._pieces:
-      self._pieces.shutdown(wait=True, cancel_futures=True)
 
 
 class _Steps(NamedTuple):

@@ -1,6 +1,5 @@
 """Tests of the one-pass stream layout: replica shards, resume, both sources through the same pipeline."""
 
-from concurrent import futures
 import pathlib
 
 import ml_collections
@@ -8,6 +7,7 @@ import numpy as np
 import pytest
 
 from shadowsync_jax.data import input_pipeline
+from shadowsync_jax.data import readers
 from shadowsync_jax.data import synthetic
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.data.criteo import source as criteo
@@ -187,17 +187,32 @@ def test_a_block_holds_the_steps_replica_first_and_zeros_past_its_steps(replicas
     input_pipeline.read_block(IndexSource(), num_replicas, batch_size, 0, 6, 5)
 
 
+@pytest.mark.parametrize('kind', ['threads', 'processes'])
 @pytest.mark.parametrize('replicas', [None, range(1, 3)])
-def test_a_block_read_in_pieces_by_threads_is_the_block_read_at_once(replicas):
-  """Reader threads (`data.reader_threads`) split a block's reads (the synthetic stream: pieces of the example range)
-  and change no value."""
-  stream = synthetic.SyntheticSource(synthetic.SyntheticSpec(seed=3, cardinalities=(50,) * 26))
+def test_a_block_read_by_readers_side_by_side_is_the_block_read_at_once(kind, replicas):
+  """Readers (`data.readers`, threads or processes) split a block's reads into pieces and change no value."""
+  stream = input_pipeline.StreamSlice(synthetic.SyntheticSource(synthetic.SyntheticSpec(seed=3)), 100, 10**6)
   at_once = input_pipeline.read_block(stream, 4, 1024, 1, 5, 6, replicas=replicas)
-  with futures.ThreadPoolExecutor(3) as pool:
-    in_pieces = input_pipeline.read_block(stream, 4, 1024, 1, 5, 6, replicas=replicas, map_fn=pool.map)
-  for field, expected in zip(in_pieces, at_once):
-    np.testing.assert_array_equal(field, expected)
-  assert input_pipeline.reader_threads(3) == 3 and 1 <= input_pipeline.reader_threads('auto') <= 8
+  side_by_side = readers.make(stream, 2, processes=kind == 'processes')
+  try:
+    assert type(side_by_side).__name__ == kind.capitalize()
+    for _ in range(2):  # The second read reuses the processes' shared memory.
+      block = input_pipeline.read_block(stream, 4, 1024, 1, 5, 6, replicas=replicas, readers=side_by_side)
+      for field, expected in zip(block, at_once):
+        np.testing.assert_array_equal(field, expected)
+  finally:
+    side_by_side.close()
+
+
+def test_readers_split_a_range_into_pieces_and_auto_counts_the_cores():
+  assert readers.pieces(10, 100, 4) == [(10, 100)]  # Shorter than two pieces of MIN_PIECE: one.
+  assert readers.pieces(0, 4 * readers.MIN_PIECE, 8) == [(i * 4096, 4096) for i in range(4)]
+  assert len(readers.pieces(0, 10 * readers.MAX_PIECE, 2)) == 10  # A piece is MAX_PIECE at most.
+  assert readers.count(3) == 3 and 1 <= readers.count('auto') <= readers.MAX_READERS
+  assert isinstance(readers.make(IndexSource(), 1), readers.Serial)
+  threads = readers.make(open(__file__), 2)  # A source that cannot be sent to a process: threads.
+  assert isinstance(threads, readers.Threads)
+  threads.close()
 
 
 def test_the_block_reader_serves_a_prefetched_block_or_reads_the_one_asked_for():
@@ -208,7 +223,7 @@ def test_the_block_reader_serves_a_prefetched_block_or_reads_the_one_asked_for()
       Counting.reads += 1
       return super().read(start, count)
 
-  reader = input_pipeline.BlockReader(Counting(), 2, 4, block_steps=4, threads=2)
+  reader = input_pipeline.BlockReader(Counting(), 2, 4, block_steps=4, readers=2, processes=False)
   try:
     reader.prefetch(3, 4)
     block = reader.take(3, 2)  # Its first two steps: the prefetched block serves (steps past 2 are never used).
