@@ -96,12 +96,20 @@ class _Worker:
     self._handle = handle
     self._items: queue.Queue = queue.Queue(maxsize=max_pending)
     self._error: BaseException | None = None
+    self._pending, self._lock = 0, threading.Lock()
     self._thread = threading.Thread(target=self._run, name=name, daemon=True)
     self._thread.start()
 
   def put(self, item: Any) -> None:
     self.raise_if_failed()
+    with self._lock:
+      self._pending += 1
     self._items.put(item)  # Waits while the thread is `max_pending` items behind.
+
+  def busy(self) -> bool:
+    """Whether an item put is not handled yet."""
+    with self._lock:
+      return self._pending > 0
 
   def join(self) -> None:
     """Returns when every item put so far is handled."""
@@ -131,6 +139,9 @@ class _Worker:
         if isinstance(item, futures.Future) and not item.done():  # Whoever waits on it learns of the error.
           item.set_exception(self._error)
       finally:
+        if item is not None:
+          with self._lock:
+            self._pending -= 1
         self._items.task_done()
 
 
@@ -199,6 +210,11 @@ class PrioritySaver:
     self._writer.put((step, rows_K, values))
     return rows_K
 
+  def writing(self) -> bool:
+    """Whether the last save is still being written (or its rows ranked): a save started now would wait for it, so
+    the loop skips it (`recovery.real`: a priority save never piles up behind the one before)."""
+    return self._writer.busy() or (self._ranked is not None and not self._ranked.done())
+
   def _top_rows(self) -> np.ndarray:
     """The rows the next save takes: the most counted ones, [K]; with `shards`, each shard's own, [L, K]."""
     if self._shards is None:
@@ -208,8 +224,9 @@ class PrioritySaver:
     return np.stack([fixed_size_top_rows(counts_V, self.rows_per_save) for counts_V in counts_LxV])
 
   def wait(self) -> None:
-    """Returns when every save handed over is on disk."""
+    """Returns when every save handed over is on disk (and the next one's rows are ranked)."""
     self._writer.join()
+    self._counter.join()
 
   def latest(self) -> tuple[int, np.ndarray, dict[str, np.ndarray]] | None:
     """The newest complete save as (step, rows_K, {leaf: [R, K, ...]}), after waiting for pending ones; or None."""

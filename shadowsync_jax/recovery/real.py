@@ -257,9 +257,14 @@ class RealFailures:
     elif (self._interval and step % self._interval == 0) or self._save_due_by_time():
       self._save(step, state_L, self._local(driver.sync_state()))
     elif self._saver is not None and step % self._priority_interval() == 0:
-      started = time.perf_counter()
-      self._saver.save(step, restore.row_leaves(state_L))
-      self._saved_for(step, 'priority', time.perf_counter() - started)
+      if self._saver.writing():  # The last one is still being written: skipped, never queued behind it.
+        history.append(
+          self._workdir, self._writer, {'event': 'priority_skipped', 'step': step, 'process': self._process}
+        )
+      else:
+        started = time.perf_counter()
+        self._saver.save(step, restore.row_leaves(state_L))
+        self._saved_for(step, 'priority', time.perf_counter() - started)
     if self._unconfirmed is not None and not self._checkpointer.saving():
       record = {'event': 'saved', 'generation': self._generation, 'process': self._process}
       history.append(self._workdir, self._writer, {**record, 'step': self._unconfirmed, 'complete': self._unconfirmed})

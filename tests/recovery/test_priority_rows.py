@@ -1,5 +1,7 @@
 """CPR's priority saves: counts against bincount, the rows each save takes, what comes back from disk."""
 
+import threading
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -123,4 +125,22 @@ def test_a_byte_budget_caps_the_rows_a_save_takes_to_the_most_used(tmp_path):
     saver.count(ids)
   taken = saver.save(1, rows)  # Row 3 of every table, looked up most, ties by position: the first 10 tables'.
   np.testing.assert_array_equal(taken, (offsets_T + 3)[:10])
+  saver.close()
+
+
+def test_a_save_still_being_written_says_so_and_the_loop_skips_the_next(tmp_path, monkeypatch):
+  """`writing()` is true from a save until it is on disk (its rows ranked, its file written): the loop skips a
+  priority save due meanwhile instead of queueing it behind (a Kaggle-size save blocked 3 s at the median)."""
+  release = threading.Event()
+  saver = priority_rows.PrioritySaver(tmp_path, CARDINALITIES, fraction=0.1, sample_rate=None, seed=0)
+  write = saver._write  # pylint: disable=protected-access
+  monkeypatch.setattr(saver, '_write', lambda item: (release.wait(10), write(item)))
+  saver._writer._handle = saver._write  # pylint: disable=protected-access
+  rows = {'table': jnp.zeros((1, 260, 3), jnp.float32)}
+  assert not saver.writing()
+  saver.save(1, rows)
+  assert saver.writing()
+  release.set()
+  saver.wait()
+  assert not saver.writing() and saver.latest()[0] == 1
   saver.close()
