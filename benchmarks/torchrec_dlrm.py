@@ -56,7 +56,7 @@ def main(argv: Sequence[str]) -> None:
     "Criteo Kaggle's config beside TorchRec's DLRM",
     report.command_line(),
     torchrec_peer.table(results),
-    results,
+    {'comparison': results},
     note=torchrec_peer.note(results, _REPEATS.value),
     root=root,
   )
