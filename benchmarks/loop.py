@@ -1,7 +1,11 @@
 r"""Whether the training loop feeds its step: the step alone, the whole loop, the loop around a step that does no work.
 
-  python -m benchmarks.loop [--configs=default,kaggle] [--repeats=3] [--root=/tmp/shadowsync_loop] \
-      [--out=benchmarks/results/loop.md]
+  python -m benchmarks.loop [--configs=default,kaggle[,prepared]] [--prepared_dir=DIR] [--repeats=3] \
+      [--root=/tmp/shadowsync_loop] [--out=benchmarks/results/loop.md]
+
+'prepared' times `experiments/configs/criteo_kaggle.py:local` (the Kaggle layout sized for a laptop) on a prepared
+Criteo dataset, Criteo-format days generated from the synthetic teacher and prepared once (that config's docstring
+gives the two commands; `--prepared_dir` if it is elsewhere).
 
 What it runs and measures, and the table it prints and writes to `--out`: `shadowsync_jax.studies.loop`.
 """
@@ -24,11 +28,22 @@ def _kaggle_synthetic():
   return config
 
 
-CONFIGS = {'default': default.get_config, 'kaggle': _kaggle_synthetic}
-_CONFIGS = flags.DEFINE_list('configs', list(CONFIGS), f'Which of {", ".join(CONFIGS)} to time.')
+def _prepared():
+  config = criteo_kaggle.get_config('local')  # The Kaggle layout sized for a laptop, on the prepared Criteo data.
+  config.data.prepared_dir = _PREPARED_DIR.value or config.data.prepared_dir
+  config.data.num_eval_examples = 16_384
+  return config
+
+
+CONFIGS = {'default': default.get_config, 'kaggle': _kaggle_synthetic, 'prepared': _prepared}
+_CONFIGS = flags.DEFINE_list('configs', ['default', 'kaggle'], f'Which of {", ".join(CONFIGS)} to time.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Repeats of the three timings a config.')
 _DEFAULT_EXAMPLES = flags.DEFINE_integer('default_examples', 1_000_000, 'Training examples of a default-config run.')
 _KAGGLE_EXAMPLES = flags.DEFINE_integer('kaggle_examples', 200_000, 'Training examples of a Kaggle-config run.')
+_PREPARED_EXAMPLES = flags.DEFINE_integer('prepared_examples', 1_000_000, 'Training examples of a prepared run.')
+_PREPARED_DIR = flags.DEFINE_string(
+  'prepared_dir', '', "'prepared': the prepared dataset (default: criteo_kaggle.py:local's own)."
+)
 _ROOT = flags.DEFINE_string('root', '', 'Where the runs go (default: a temporary directory).')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results/loop.md', 'Where the table and raw figures go.')
 
@@ -37,10 +52,18 @@ def main(argv: Sequence[str]) -> None:
   del argv
   root = _ROOT.value or tempfile.mkdtemp(prefix='shadowsync_loop_')
   configs = {name: CONFIGS[name] for name in _CONFIGS.value}
-  examples = {'default': _DEFAULT_EXAMPLES.value, 'kaggle': _KAGGLE_EXAMPLES.value}
+  if 'prepared' in configs and not _PREPARED_DIR.value:
+    cli.exit_with_usage_error('--configs=prepared needs --prepared_dir (python -m experiments.prepare_criteo).')
+  examples = {
+    'default': _DEFAULT_EXAMPLES.value,
+    'kaggle': _KAGGLE_EXAMPLES.value,
+    'prepared': _PREPARED_EXAMPLES.value,
+  }
   results = loop.run(configs, _REPEATS.value, root, examples)
   print(loop.table(results))
   changed = "the Kaggle config's data.source='synthetic' (its tables at Kaggle's cardinalities, its model)"
+  if 'prepared' in configs:
+    changed += '; prepared: criteo_kaggle.py:local on 4,000,000 generated rows prepared once (days 1-6 train)'
   out = report.write(
     _OUT.value,
     'The training loop against its own step',
