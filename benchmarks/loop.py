@@ -63,7 +63,7 @@ def main(argv: Sequence[str]) -> None:
   print(loop.table(results))
   changed = "the Kaggle config's data.source='synthetic' (its tables at Kaggle's cardinalities, its model)"
   if 'prepared' in configs:
-    changed += '; prepared: criteo_kaggle.py:local on 4,000,000 generated rows prepared once (days 1-6 train)'
+    changed += '; prepared: criteo_kaggle.py:local on Criteo-format days generated and prepared once (days 1-6 train)'
   out = report.write(
     _OUT.value,
     'The training loop against its own step',
