@@ -52,8 +52,6 @@ def main(argv: Sequence[str]) -> None:
   del argv
   root = _ROOT.value or tempfile.mkdtemp(prefix='shadowsync_loop_')
   configs = {name: CONFIGS[name] for name in _CONFIGS.value}
-  if 'prepared' in configs and not _PREPARED_DIR.value:
-    cli.exit_with_usage_error('--configs=prepared needs --prepared_dir (python -m experiments.prepare_criteo).')
   examples = {
     'default': _DEFAULT_EXAMPLES.value,
     'kaggle': _KAGGLE_EXAMPLES.value,
