@@ -281,11 +281,19 @@ def _loop(path: str) -> str:
       f'{row["loop_share_median"]:.2f} ({low:.2f} to {high:.2f}) for the {name} config (target {target["share"]:g}: '
       f'{_verdict(low, high, target["share"])})'
     )
-  ceilings = [row['no_work_examples_per_sec_median'] for row in rows.values()]
+  ceilings = {False: [], True: []}  # By whether the source is prepared data (its own target).
+  for row in rows.values():
+    ceilings[row.get('source') == 'prepared'].append(row['no_work_examples_per_sec_median'])
+  fed = []
+  for prepared, figures in ceilings.items():
+    if figures:
+      goal = target['ceiling_prepared' if prepared else 'ceiling']
+      what = 'prepared data' if prepared else 'the synthetic stream'
+      span = f'{min(figures):,.0f}' if len(figures) == 1 else f'{min(figures):,.0f} to {max(figures):,.0f}'
+      fed.append(f'{span} examples/s of {what} (target {goal / 1e6:g}M: {_verdict(min(figures), max(figures), goal)})')
   return (
     f'one replica, the whole loop at {", ".join(shares)} of its own step alone; with a step that does no work it '
-    f'feeds {min(ceilings):,.0f} to {max(ceilings):,.0f} examples/s (target {target["ceiling"] / 1e6:g}M: '
-    f'{_verdict(min(ceilings), max(ceilings), target["ceiling"])})'
+    f'feeds {" and ".join(fed)}'
   )
 
 
@@ -309,7 +317,7 @@ HEADLINES: dict[str, Callable[[str], str]] = {
 TARGETS: dict[str, Any] = {
   'benchmarks/results/default_quality.md': 3.0,
   'benchmarks/results/throughput.md': {128: 0.5, 1024: 0.75},
-  'benchmarks/results/loop.md': {'share': 0.9, 'ceiling': 5e6},
+  'benchmarks/results/loop.md': {'share': 0.9, 'ceiling': 5e6, 'ceiling_prepared': 2e6},
   'benchmarks/results/sync_study.md': 0.5,
   'benchmarks/results/shadow_overhead.md': 0.95,
   'benchmarks/results/stragglers.md': 0.9,  # The fast process's examples/sec beside a straggler, of its own.
