@@ -11,9 +11,12 @@ What it runs and measures, and the table it prints and writes to `--out`: `shado
 """
 
 from collections.abc import Sequence
+import pathlib
+import sys
 import tempfile
 
 from absl import flags
+import jax
 
 from experiments.configs import criteo_kaggle
 from experiments.configs import default
@@ -44,12 +47,31 @@ _PREPARED_EXAMPLES = flags.DEFINE_integer('prepared_examples', 1_000_000, 'Train
 _PREPARED_DIR = flags.DEFINE_string(
   'prepared_dir', '', "'prepared': the prepared dataset (default: criteo_kaggle.py:local's own)."
 )
+_JOB = flags.DEFINE_bool(
+  'job', True, 'Also time 8 replicas as 2 processes x 4 devices with shadow_ma on the default config ((a) and (b)).'
+)
+_JOB_EXAMPLES = flags.DEFINE_integer('job_examples', 2_000_000, "Training examples of the job's runs.")
+_PROCESS_STEP_ALONE = flags.DEFINE_integer(
+  'process_step_alone', 0, 'Internal: as one process of the job, print (a) of its replicas over this many steps.'
+)
 _ROOT = flags.DEFINE_string('root', '', 'Where the runs go (default: a temporary directory).')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results/loop.md', 'Where the table and raw figures go.')
 
 
+def _process_step_alone(steps: int) -> float:
+  """A process of the job's (a): its replicas' block program alone, on its devices."""
+  jax.config.update('jax_num_cpu_devices', loop.JOB_DEVICES)
+  config = default.get_config()
+  config.num_replicas, config.sync.algorithm = loop.JOB_DEVICES, loop.JOB_ALGORITHM
+  config.data.num_train_examples, config.data.num_eval_examples = _JOB_EXAMPLES.value // loop.JOB_PROCESSES, 16_384
+  return loop.time_step_alone(config, 1, steps)  # One step a dispatch: the shadow thread's.
+
+
 def main(argv: Sequence[str]) -> None:
   del argv
+  if _PROCESS_STEP_ALONE.value:
+    print(_process_step_alone(_PROCESS_STEP_ALONE.value))
+    return
   root = _ROOT.value or tempfile.mkdtemp(prefix='shadowsync_loop_')
   configs = {name: CONFIGS[name] for name in _CONFIGS.value}
   examples = {
@@ -58,6 +80,9 @@ def main(argv: Sequence[str]) -> None:
     'prepared': _PREPARED_EXAMPLES.value,
   }
   results = loop.run(configs, _REPEATS.value, root, examples)
+  if _JOB.value:
+    command = [sys.executable, '-m', 'benchmarks.loop', '--process_step_alone']
+    results['job'] = loop.run_job(_REPEATS.value, _JOB_EXAMPLES.value, pathlib.Path(root), command)
   print(loop.table(results))
   changed = "the Kaggle config's data.source='synthetic' (its tables at Kaggle's cardinalities, its model)"
   if 'prepared' in configs:

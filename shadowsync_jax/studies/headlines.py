@@ -277,13 +277,15 @@ def _loop(path: str) -> str:
   shares = []
   for name, row in rows.items():
     low, high = row['loop_share_range']
+    what = f'the {row["config"]} job' if name == 'job' else f'the {name} config'
     shares.append(
-      f'{row["loop_share_median"]:.2f} ({low:.2f} to {high:.2f}) for the {name} config (target {target["share"]:g}: '
+      f'{row["loop_share_median"]:.2f} ({low:.2f} to {high:.2f}) for {what} (target {target["share"]:g}: '
       f'{_verdict(low, high, target["share"])})'
     )
   ceilings = {False: [], True: []}  # By whether the source is prepared data (its own target).
   for row in rows.values():
-    ceilings[row.get('source') == 'prepared'].append(row['no_work_examples_per_sec_median'])
+    if row['no_work_examples_per_sec_median'] is not None:  # None: a job, whose ceiling is not timed.
+      ceilings[row.get('source') == 'prepared'].append(row['no_work_examples_per_sec_median'])
   fed = []
   for prepared, figures in ceilings.items():
     if figures:

@@ -27,9 +27,11 @@ and evaluates on `num_eval_examples` (both smaller than the configs' own, said i
 from collections.abc import Callable, Mapping
 import functools
 import gc
+import os
 import pathlib
 import shutil
 import statistics
+import subprocess
 import time
 from typing import Any
 
@@ -43,6 +45,7 @@ from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.parallel import replicas
+from shadowsync_jax.studies import jobs
 
 TARGET_LOOP_SHARE = 0.9  # (b) >= 0.9 (a) (issue 42).
 TARGET_CEILING = 5_000_000  # (c) >= 5M examples/s for the synthetic stream,
@@ -60,20 +63,22 @@ def one_replica(make_config: Callable[[], ml_collections.ConfigDict], num_train:
 
 
 def time_step_alone(config, steps_per_dispatch: int, timed_steps: int) -> float:
-  """(a): examples/sec of `train.make_train_block`'s program on full blocks of K steps already on the device, about
-  `timed_steps` steps (as many as the loop timed), the first `_DEVICE_BLOCKS` blocks of the stream cycled."""
+  """(a): examples/sec of `train.make_train_block`'s program (all `config.num_replicas` replicas, on this process's
+  devices) on full blocks of K steps already on the device, about `timed_steps` steps (as many as the loop timed),
+  the first `_DEVICE_BLOCKS` blocks of the stream cycled."""
   config = config_lib.resolve(config)
   meshes = replicas.make_meshes(config.num_replicas)
   state = train.init_replicated_state(config, meshes)
   train_block = train.make_train_block(config, meshes)
   source, _ = input_pipeline.make_sources(config.data, config.seed)
-  available = input_pipeline.num_steps(len(source), 1, config.batch_size) // steps_per_dispatch
-  read = functools.partial(input_pipeline.read_block, source, 1, config.batch_size)
+  num_replicas = config.num_replicas  # All of them on this process's devices.
+  available = input_pipeline.num_steps(len(source), num_replicas, config.batch_size) // steps_per_dispatch
+  read = functools.partial(input_pipeline.read_block, source, num_replicas, config.batch_size)
   blocks = [
     replicas.shard(read(i * steps_per_dispatch, steps_per_dispatch, steps_per_dispatch), meshes.local)
     for i in range(max(1, min(_DEVICE_BLOCKS, available)))
   ]
-  steps_L = replicas.shard(np.full(1, steps_per_dispatch, np.int32), meshes.local)
+  steps_L = replicas.shard(np.full(num_replicas, steps_per_dispatch, np.int32), meshes.local)
   for block in blocks[:2]:  # Compile, warm up.
     state, metrics = train_block(state, block, steps_L)
   jax.block_until_ready((state, metrics))
@@ -84,7 +89,7 @@ def time_step_alone(config, steps_per_dispatch: int, timed_steps: int) -> float:
   jax.block_until_ready((state, metrics))
   seconds = time.perf_counter() - started
   del state, blocks
-  return num_blocks * steps_per_dispatch * config.batch_size / seconds
+  return num_blocks * steps_per_dispatch * num_replicas * config.batch_size / seconds
 
 
 def _make_no_work_block(config, meshes):
@@ -201,6 +206,14 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     alone = statistics.median(r['step_alone_examples_per_sec'] for r in runs)
     whole = statistics.median(r['loop_examples_per_sec'] for r in runs)
     ceiling = result['no_work_examples_per_sec_median']
+    if ceiling is None:  # A job: (b) and (a) only.
+      ks = ', '.join(map(str, sorted({r['steps_per_dispatch'] for r in runs})))
+      lines.append(
+        f'| {result["config"]} | {result["batch_size"]} | {ks} | {alone:,.0f} | {whole:,.0f} | '
+        f'{result["loop_share_median"]:.2f} ({low:.2f}-{high:.2f}; target {TARGET_LOOP_SHARE}: '
+        f'{_verdict(low, high, TARGET_LOOP_SHARE)}) | - | - |'
+      )
+      continue
     memory = [r['in_memory_share'] for r in runs]
     memory_share = statistics.median(memory)
     ks = ', '.join(map(str, sorted({r['steps_per_dispatch'] for r in runs})))
@@ -224,12 +237,98 @@ def _streams(results: dict[str, dict[str, Any]]) -> str:
 
 def note(results: dict[str, dict[str, Any]], repeats: int, changed: str) -> str:
   """The settings under the table: `changed` says what the binary changed in the configs."""
-  lengths = ', '.join(f'{r["config"]} {r["num_train_examples"]:,}' for r in results.values())
+  lengths = ', '.join(f'{r["config"]} {r["num_train_examples"]:,}' for name, r in results.items() if name != 'job')
   held_out = next(iter(results.values()))['num_eval_examples']
   return (
     f'One replica on {jax.default_backend()}, {_streams(results)}; {repeats} repeats of (b) the whole loop '
     "(`train.train_and_evaluate`, `train.steps_per_dispatch='auto'`, everything else the config's own), (a) its "
     'block program alone at the K (b) chose, on blocks already on the device, and (c) the loop at that K around a '
     f'block that does no work. Changed from the configs: num_replicas=1; the training stream shortened ({lengths} '
-    f'examples), {held_out:,} held-out examples; {changed}. (b)/(a) per repeat: median and range.'
+    f'examples), {held_out:,} held-out examples; {changed}. (b)/(a) per repeat: median and range.' + _job_note(results)
   )
+
+
+def _job_note(results: dict[str, dict[str, Any]]) -> str:
+  if 'job' not in results:
+    return ''
+  return (
+    f' The job ({JOB_PROCESSES} processes x {JOB_DEVICES} devices, `experiments.launch --pin_cpus`, `sync.algorithm='
+    f"{JOB_ALGORITHM}'`, the default config otherwise): (b) its summary's examples/sec (the processes' sum), one step "
+    "a dispatch (its shadow thread), (a) the block program of each process's replicas alone, the processes run at "
+    "once, pinned as the launcher pins them; (b') and (c) are not timed for a job."
+  )
+
+
+# A job of processes: 8 replicas as 2 processes x 4 devices with `shadow_ma` (its shadow thread: one step a dispatch).
+
+JOB_PROCESSES, JOB_DEVICES, JOB_ALGORITHM = 2, 4, 'shadow_ma'
+
+
+def time_job_loop(num_train_examples: int, workdir: pathlib.Path) -> dict[str, Any]:
+  """(b) of the job: `experiments.launch` with every process pinned to its share of the cores, as a user runs it;
+  its summary (`examples_per_sec`: the processes' sum)."""
+  job = jobs.launch(
+    jobs.fresh(workdir),
+    [f'--num_processes={JOB_PROCESSES}', f'--cpu_devices={JOB_DEVICES}', '--pin_cpus'],
+    [
+      f'--config.num_replicas={JOB_PROCESSES * JOB_DEVICES}',
+      f'--config.sync.algorithm={JOB_ALGORITHM}',
+      f'--config.data.num_train_examples={num_train_examples}',
+      '--config.data.num_eval_examples=16384',
+    ],
+  )
+  shutil.rmtree(workdir, ignore_errors=True)
+  return job.summary
+
+
+def time_job_step_alone(process_command: list[str]) -> float:
+  """(a) of the job: `process_command` (a process that prints the examples/sec of `time_step_alone` on its
+  `JOB_DEVICES` replicas, its last line) started once a process of the job, each pinned to its share of the cores
+  as `--pin_cpus` pins them, all at once; the sum."""
+  cores = sorted(os.sched_getaffinity(0))
+  shares = [
+    cores[p * len(cores) // JOB_PROCESSES : (p + 1) * len(cores) // JOB_PROCESSES] or cores
+    for p in range(JOB_PROCESSES)
+  ]
+  running = [
+    subprocess.Popen(
+      process_command, stdout=subprocess.PIPE, text=True, preexec_fn=functools.partial(os.sched_setaffinity, 0, share)
+    )
+    for share in shares
+  ]
+  outputs = [process.communicate()[0] for process in running]
+  for process, output in zip(running, outputs):
+    if process.returncode != 0:
+      raise RuntimeError(f'{" ".join(process_command)} failed ({process.returncode}): {output[-2000:]}')
+  return sum(float(output.strip().splitlines()[-1]) for output in outputs)
+
+
+def run_job(repeats: int, num_train_examples: int, root: pathlib.Path, process_command: list[str]) -> dict[str, Any]:
+  """The job's (b) and (a), `repeats` times in turn; a row of `table` ((b') and (c) are not timed for a job)."""
+  runs = []
+  for repeat in range(repeats):
+    loop = time_job_loop(num_train_examples, pathlib.Path(root) / f'job_loop_{repeat}')
+    step_alone = time_job_step_alone([*process_command, str(loop['train_steps'])])
+    runs.append(
+      {
+        'steps_per_dispatch': loop['steps_per_dispatch'],
+        'step_alone_examples_per_sec': step_alone,
+        'loop_examples_per_sec': loop['examples_per_sec'],
+        'loop_share': loop['examples_per_sec'] / step_alone,
+        'sync_rounds': loop['sync_rounds'],
+        'eval_ne': loop['eval_ne'],
+      }
+    )
+    print(f'job repeat {repeat}: {runs[-1]}', flush=True)
+  shares = [r['loop_share'] for r in runs]
+  return {
+    'config': f'default, {JOB_PROCESSES} x {JOB_DEVICES} replicas, {JOB_ALGORITHM}',
+    'batch_size': config_lib.base_config().batch_size,  # The job runs experiments.train's default config.
+    'num_train_examples': num_train_examples,
+    'num_eval_examples': 16_384,
+    'runs': runs,
+    'loop_share_median': statistics.median(shares),
+    'loop_share_range': [min(shares), max(shares)],
+    'no_work_examples_per_sec_median': None,
+    'backend': jax.default_backend(),
+  }

@@ -1,5 +1,8 @@
 """The loop benchmark's three timings on the tiny config: each what it says, in one table."""
 
+import os
+import sys
+
 from experiments.configs import default
 from shadowsync_jax.studies import loop
 
@@ -24,3 +27,24 @@ def test_the_loop_the_step_alone_and_the_no_work_loop_are_timed_and_tabled(tmp_p
   assert 'target 0.9' in table and 'target 5M' in table
   # The no-work runs did not train: the library's block program is back in place for everyone after.
   assert loop.train.make_train_block is not loop._make_no_work_block
+
+
+def test_the_jobs_step_alone_sums_its_processes_run_at_once_and_its_row_says_what_was_not_timed():
+  """(a) of a job: one command a process, each pinned to its share of the cores, all at once; the sum of their last
+  lines. Its row has (b)/(a) and no (b') or (c)."""
+  command = [sys.executable, '-c', 'import os; print("warm-up line"); print(len(os.sched_getaffinity(0)) * 1000.0)']
+  cores = len(os.sched_getaffinity(0))
+  assert loop.time_job_step_alone(command) == 1000.0 * (
+    cores if cores >= loop.JOB_PROCESSES else loop.JOB_PROCESSES * cores
+  )
+  job = {
+    'config': 'default, 2 x 4 replicas, shadow_ma',
+    'batch_size': 256,
+    'runs': [{'steps_per_dispatch': 1, 'step_alone_examples_per_sec': 100.0, 'loop_examples_per_sec': 80.0}],
+    'loop_share_median': 0.8,
+    'loop_share_range': [0.8, 0.8],
+    'no_work_examples_per_sec_median': None,
+  }
+  assert loop.table({'job': job}).splitlines()[-1] == (
+    '| default, 2 x 4 replicas, shadow_ma | 256 | 1 | 100 | 80 | 0.80 (0.80-0.80; target 0.9: not met) | - | - |'
+  )
