@@ -3,11 +3,13 @@ r"""Criteo Kaggle's config beside TorchRec's DLRM on the same tables, on this ma
   python -m benchmarks.torchrec_dlrm --torchrec_python=/opt/torchrec/bin/python [--repeats=3] \
       [--out=benchmarks/results/torchrec_dlrm.md]
 
-TorchRec runs in a Python of its own (it is no requirement of this framework). One that ran here (CPU wheels):
+TorchRec runs in a Python of its own (it is no requirement of this framework). One that ran here, CPU wheels, torch
+first so that nothing pulls a CUDA build:
 
-  python3.11 -m venv /opt/torchrec && /opt/torchrec/bin/pip install numpy tensordict torchmetrics==1.0.3 tqdm \
-      pyre-extensions && /opt/torchrec/bin/pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0 && \
-      /opt/torchrec/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+  python3.11 -m venv /opt/torchrec
+  /opt/torchrec/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+  /opt/torchrec/bin/pip install numpy tensordict torchmetrics==1.0.3 tqdm pyre-extensions
+  /opt/torchrec/bin/pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0
 
 What it runs and measures: `shadowsync_jax.studies.torchrec_peer`.
 """
