@@ -48,7 +48,7 @@ for name, make in (('default', default.get_config), ('kaggle', criteo_kaggle.get
           flush=True)
     side_by_side.close()
 READER
-[[ ${PHASES:-} == quick ]] || phase loop 240 "$PYTHON" -m benchmarks.loop --repeats=2 --default_examples=4000000 --kaggle_examples=1000000 \
+[[ ${PHASES:-} == quick ]] || phase loop 240 "$PYTHON" -m benchmarks.loop --repeats=2 --default_examples=4000000 --kaggle_examples=1000000 --nojob \
   --out="$OUT/loop.md" --root=/tmp/gpu_check_loop
 phase default 90 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_default
 phase kaggle_gpu 150 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_kaggle_gpu \
