@@ -47,8 +47,8 @@ def max_steps_for(examples_per_step: int) -> int:
   `MAX_STEPS`, and at most `MAX_BLOCK_EXAMPLES` examples (a power of two). A block sits in host memory twice (the
   one placed, the one read ahead) and once on the device, ~170 bytes an example: a GPU-sized batch of 16,384 at
   256 steps a block held 0.7 GB a copy, where 64 steps already keep the dispatch's own cost small."""
-  fitting = MAX_BLOCK_EXAMPLES // max(1, examples_per_step)
-  return max(1, min(MAX_STEPS, 2 ** int(math.log2(fitting)) if fitting >= 1 else 1))
+  fitting = max(1, MAX_BLOCK_EXAMPLES // max(1, examples_per_step))
+  return min(MAX_STEPS, 1 << (fitting.bit_length() - 1))
 
 
 def fit_host_and_step(timings: Iterable[tuple[int, float]]) -> tuple[float, float]:

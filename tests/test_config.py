@@ -174,4 +174,6 @@ def test_checkpoints_in_seconds_are_accepted_where_the_processes_step_together()
   job of tests/parallel/test_multiprocess.py checks where its saves land)."""
   for algorithm in ('none', 'sync_sgd', 'fr_ma'):
     config = _config(num_replicas=2, sync__algorithm=algorithm, train__checkpoint_every_s=30.0)
-    config_lib.validate(config, num_devices=8, num_processes=2)
+    config_lib.validate(config, num_devices=8, num_processes=2)  # Raises ConfigError where refused.
+    resolved = config_lib.resolve(config, num_processes=2)
+    assert resolved.train.checkpoint_every_s == 30.0  # Kept in seconds: the job turns them into steps as it runs.

@@ -19,7 +19,7 @@ read through grain (`prepared.source`); lengths of 0 in the config mean all of t
 from collections.abc import Iterator
 from concurrent import futures
 import functools
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import grain
 import ml_collections
@@ -34,16 +34,10 @@ from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.data.criteo import files as criteo_files
 from shadowsync_jax.data.criteo import source as criteo_source
 from shadowsync_jax.data.prepared import manifest as prepared_manifest
-from shadowsync_jax.data.stream_slice import StreamSlice  # Also a name of this module (`input_pipeline.StreamSlice`).
+from shadowsync_jax.data.stream_slice import Source  # Also names of this module (`input_pipeline.StreamSlice`).
+from shadowsync_jax.data.stream_slice import StreamSlice
 
 _GROUP_ROWS = 4096
-
-
-class Source(Protocol):
-  """Anything that reads examples [start, start + count) of a stream: SyntheticSource, CriteoSource, PreparedSource,
-  StreamSlice."""
-
-  def read(self, start: int, count: int) -> Batch: ...
 
 
 def num_steps(num_train_examples: int, num_replicas: int, batch_size: int) -> int:
@@ -57,8 +51,13 @@ def read_global_batch(
   """Global step `step` for the replicas in `replicas` (default: all R, in order): one contiguous read, reshaped so
   that row i is the slice of replica `replicas[i]`."""
   replicas = range(num_replicas) if replicas is None else replicas
-  flat = source.read((step * num_replicas + replicas.start) * batch_size, len(replicas) * batch_size)
+  flat = source.read(*_step_range(num_replicas, batch_size, step, replicas))
   return Batch(*(field.reshape(len(replicas), batch_size, *field.shape[1:]) for field in flat))
+
+
+def _step_range(num_replicas: int, batch_size: int, step: int, replicas: range) -> tuple[int, int]:
+  """(start, count) of the examples of `replicas` at global step `step`: contiguous in the stream."""
+  return (step * num_replicas + replicas.start) * batch_size, len(replicas) * batch_size
 
 
 def train_batches(
@@ -118,9 +117,8 @@ def read_block(
     flat = readers.read_range(first_step * num_replicas * batch_size, num_steps * num_replicas * batch_size)
     stepwise = Batch(*(f.reshape(num_steps, num_replicas, batch_size, *f.shape[1:]) for f in flat))
   else:
-    rows = len(replicas) * batch_size
-    starts = [(step * num_replicas + replicas.start) * batch_size for step in range(first_step, first_step + num_steps)]
-    each = readers.read_ranges([(start, rows) for start in starts])
+    steps = range(first_step, first_step + num_steps)
+    each = readers.read_ranges([_step_range(num_replicas, batch_size, step, replicas) for step in steps])
     stepwise = Batch(
       *(np.stack([f.reshape(len(replicas), batch_size, *f.shape[1:]) for f in fields]) for fields in zip(*each))
     )

@@ -25,23 +25,20 @@ import pickle
 import queue
 import sys
 import traceback
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from shadowsync_jax.data.batch import NUM_DENSE_FEATURES
 from shadowsync_jax.data.batch import NUM_SPARSE_FEATURES
 from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.data.stream_slice import Source
 
 MIN_PIECE = 4096  # Examples a reader reads at once, at least,
 MAX_PIECE = 65_536  # and at most: a reader that closes waits for one piece, not a whole block.
 MAX_READERS = 8  # What 'auto' chooses at most.
 _FIELDS = ((NUM_DENSE_FEATURES, np.float32), (NUM_SPARSE_FEATURES, np.int32), (0, np.float32))  # dense, sparse, label
 _BYTES_PER_EXAMPLE = sum(max(width, 1) * np.dtype(dtype).itemsize for width, dtype in _FIELDS)
-
-
-class Source(Protocol):
-  def read(self, start: int, count: int) -> Batch: ...
 
 
 def count(setting: int | str) -> int:
@@ -72,7 +69,7 @@ class Serial:
     return [self._source.read(start, n) for start, n in ranges]
 
   def read_range(self, start: int, count_: int) -> Batch:
-    return _concatenate(self.read_ranges(pieces(start, count_, self.readers)))
+    return self._source.read(start, count_)
 
   def close(self) -> None:
     pass
@@ -89,6 +86,10 @@ class Threads(Serial):
   def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[Batch]:
     return list(self._pool.map(lambda r: self._source.read(*r), ranges))
 
+  def read_range(self, start: int, count_: int) -> Batch:
+    parts = self.read_ranges(pieces(start, count_, self.readers))
+    return parts[0] if len(parts) == 1 else Batch(*(np.concatenate(fields) for fields in zip(*parts)))
+
   def close(self) -> None:
     self._pool.shutdown(wait=True, cancel_futures=True)
 
@@ -98,12 +99,13 @@ class Processes(Serial):
   views of that memory, valid until the next read: the caller copies what it keeps. A reader that fails raises its
   error here, with its traceback; one that dies is named."""
 
-  def __init__(self, source: Source, readers: int):
+  def __init__(self, source: Source, readers: int, source_bytes: bytes | None = None):
+    """`source_bytes`: `source` pickled, where the caller has it already."""
     super().__init__(source)
     self.readers = readers
     context = multiprocessing.get_context('spawn')  # Never forked: the caller has started JAX's threads.
     self._tasks, self._done = context.Queue(), context.Queue()
-    source_bytes = pickle.dumps(source, protocol=pickle.HIGHEST_PROTOCOL)
+    source_bytes = source_bytes or _pickled(source)
     with _main_module_hidden():
       self._processes = [
         context.Process(target=_reader, args=(source_bytes, self._tasks, self._done), daemon=True, name=f'reader-{i}')
@@ -170,17 +172,20 @@ def make(source: Source, readers: int, processes: bool | str = 'auto') -> Serial
   be sent to a process, as the synthetic stream can), else `Threads`."""
   if readers <= 1:
     return Serial(source)
-  if processes == 'auto':
-    processes = _picklable(source)
-  return Processes(source, readers) if processes else Threads(source, readers)
+  if processes is False:
+    return Threads(source, readers)
+  source_bytes = _pickled(source)
+  if source_bytes is None and processes == 'auto':
+    return Threads(source, readers)
+  return Processes(source, readers, source_bytes)
 
 
-def _picklable(source: Source) -> bool:
+def _pickled(source: Source) -> bytes | None:
+  """`source` pickled, or None where it cannot be (file handles, readers of a prepared dataset, locks)."""
   try:
-    pickle.dumps(source, protocol=pickle.HIGHEST_PROTOCOL)
-  except Exception:  # pylint: disable=broad-except  (file handles, readers of a prepared dataset, locks)
-    return False
-  return True
+    return pickle.dumps(source, protocol=pickle.HIGHEST_PROTOCOL)
+  except Exception:  # pylint: disable=broad-except
+    return None
 
 
 def _views(buffer: Any, capacity: int) -> Batch:
@@ -191,10 +196,6 @@ def _views(buffer: Any, capacity: int) -> Batch:
     fields.append(np.ndarray(shape, dtype, buffer=buffer, offset=offset))
     offset += capacity * max(width, 1) * np.dtype(dtype).itemsize
   return Batch(*fields)
-
-
-def _concatenate(parts: list[Batch]) -> Batch:
-  return parts[0] if len(parts) == 1 else Batch(*(np.concatenate(fields) for fields in zip(*parts)))
 
 
 @contextlib.contextmanager

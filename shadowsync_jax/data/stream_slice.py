@@ -14,6 +14,9 @@ from shadowsync_jax.data.batch import Batch
 
 
 class Source(Protocol):
+  """Anything that reads examples [start, start + count) of a stream: SyntheticSource, CriteoSource, PreparedSource,
+  StreamSlice."""
+
   def read(self, start: int, count: int) -> Batch: ...
 
 

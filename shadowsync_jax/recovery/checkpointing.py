@@ -65,6 +65,12 @@ ASYNC_SAVE_MAX_BYTES = 256 << 20  # A larger state (this process's part) is save
 LARGE_LEAF_BYTES = 1 << 20  # In a blocking save, leaves from this size on go by blocks of rows (`row_blocks`).
 
 
+def saves_block(num_bytes: int) -> bool:
+  """Whether a save of a state of `num_bytes` (this process's part) blocks: too large to be read while the training
+  goes on."""
+  return num_bytes > ASYNC_SAVE_MAX_BYTES
+
+
 class MismatchError(ValueError):
   """A checkpoint of another state than this run's (the shapes its save wrote down differ): another model, algorithm,
   replica count, or version of the code."""
@@ -248,7 +254,7 @@ class Checkpointer:
     if step in self._manager.all_steps():
       return False
     num_bytes = memory.state_bytes(state)
-    self._last_blocked = num_bytes > ASYNC_SAVE_MAX_BYTES  # `blocks(state)`.
+    self._last_blocked = saves_block(num_bytes)
     in_blocks = _large_leaves(state) if self._last_blocked else {}
     shapes = _shapes(state)  # Of every leaf as saved: a restore into other shapes is refused (orbax would cut them).
     if in_blocks:  # A byte a device where a leaf went to the `tables` item (orbax saves arrays only, here).
@@ -293,8 +299,8 @@ class Checkpointer:
 
   @staticmethod
   def blocks(state: PyTree) -> bool:
-    """Whether a save of `state` blocks (it is too large to be read while the training goes on)."""
-    return memory.state_bytes(state) > ASYNC_SAVE_MAX_BYTES
+    """Whether a save of `state` blocks (`saves_block`)."""
+    return saves_block(memory.state_bytes(state))
 
   def delete(self, steps: list[int]) -> None:
     """Deletes the checkpoints of `steps` (those on disk)."""

@@ -53,7 +53,7 @@ _STAMPS = "['train'].row_steps"
 
 def enabled(config: ml_collections.ConfigDict, saves_block: bool) -> bool:
   """`recovery.incremental` for a run: 'auto' is on where it applies (`config.incremental_why_not`) and a whole
-  save would block the loop (`saves_block`: this process's state above `checkpointing.ASYNC_SAVE_MAX_BYTES`, or
+  save would block the loop (`saves_block`: `checkpointing.saves_block` of this process's state, or
   emulated save costs); true and false as given."""
   setting = config_lib.incremental_setting(config.recovery.incremental)
   if setting == 'auto':
@@ -254,11 +254,12 @@ class IncrementalCheckpointer:
     tree, _ = self._full.restore(baseline, abstract)
     with np.load(self._differentials / f'{step}_{baseline}.npz') as saved:
       meta = json.loads(str(saved['meta']))
+      rows, _ = row_and_dense_leaves(tree)
+      row_paths, num_rows = {path for path, _ in rows}, rows[0][1].shape[1]
       flat, structure = jax.tree_util.tree_flatten_with_path(tree)
-      num_rows = next(x for p, x in flat if jax.tree_util.keystr(p) == _STAMPS).shape[1]
       paths = [jax.tree_util.keystr(p) for p, _ in flat]
       leaves = [x for _, x in flat]
-      row_index = [i for i, (p, x) in enumerate(zip(paths, leaves)) if is_row_leaf(p, x, num_rows)]
+      row_index = [i for i, p in enumerate(paths) if p in row_paths]
       for i, (p, x) in enumerate(zip(paths, leaves)):
         if i not in row_index:
           leaves[i] = jax.device_put(saved[f'dense:{p}'], x.sharding)

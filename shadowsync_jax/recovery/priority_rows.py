@@ -96,20 +96,17 @@ class _Worker:
     self._handle = handle
     self._items: queue.Queue = queue.Queue(maxsize=max_pending)
     self._error: BaseException | None = None
-    self._pending, self._lock = 0, threading.Lock()
     self._thread = threading.Thread(target=self._run, name=name, daemon=True)
     self._thread.start()
 
   def put(self, item: Any) -> None:
     self.raise_if_failed()
-    with self._lock:
-      self._pending += 1
     self._items.put(item)  # Waits while the thread is `max_pending` items behind.
 
   def busy(self) -> bool:
-    """Whether an item put is not handled yet."""
-    with self._lock:
-      return self._pending > 0
+    """Whether an item put is not handled yet (the queue's count, which `join` waits on)."""
+    with self._items.mutex:
+      return self._items.unfinished_tasks > 0
 
   def join(self) -> None:
     """Returns when every item put so far is handled."""
@@ -139,9 +136,6 @@ class _Worker:
         if isinstance(item, futures.Future) and not item.done():  # Whoever waits on it learns of the error.
           item.set_exception(self._error)
       finally:
-        if item is not None:
-          with self._lock:
-            self._pending -= 1
         self._items.task_done()
 
 

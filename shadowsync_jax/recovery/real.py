@@ -342,7 +342,7 @@ class RealFailures:
     need: everything a common cut may need under full recovery, `cpr` and lock-step algorithms; else the two newest."""
     keep_older = self.mode == 'full' or self.requested_mode == 'cpr' or self._lock_step
     directory, keep = self._workdir / 'checkpoints', None if keep_older else 2
-    if not incremental.enabled(self._config, saves_block=state_bytes > checkpointing.ASYNC_SAVE_MAX_BYTES):
+    if not incremental.enabled(self._config, saves_block=checkpointing.saves_block(state_bytes)):
       return checkpointing.Checkpointer(directory, self._meshes, max_to_keep=keep)
     full = checkpointing.Checkpointer(directory, self._meshes, max_to_keep=None)
     return incremental.IncrementalCheckpointer(full, self._meshes, self._config.recovery.rebaseline_fraction, keep=keep)

@@ -44,6 +44,7 @@ from shadowsync_jax import config as config_lib
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.parallel import launcher
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.studies import jobs
 
@@ -206,23 +207,19 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     alone = statistics.median(r['step_alone_examples_per_sec'] for r in runs)
     whole = statistics.median(r['loop_examples_per_sec'] for r in runs)
     ceiling = result['no_work_examples_per_sec_median']
-    if ceiling is None:  # A job: (b) and (a) only.
-      ks = ', '.join(map(str, sorted({r['steps_per_dispatch'] for r in runs})))
-      lines.append(
-        f'| {result["config"]} | {result["batch_size"]} | {ks} | {alone:,.0f} | {whole:,.0f} | '
-        f'{result["loop_share_median"]:.2f} ({low:.2f}-{high:.2f}; target {TARGET_LOOP_SHARE}: '
-        f'{_verdict(low, high, TARGET_LOOP_SHARE)}) | - | - |'
-      )
-      continue
-    memory = [r['in_memory_share'] for r in runs]
-    memory_share = statistics.median(memory)
     ks = ', '.join(map(str, sorted({r['steps_per_dispatch'] for r in runs})))
-    target = TARGET_CEILING_PREPARED if result.get('source') == 'prepared' else TARGET_CEILING
-    lines.append(
+    row = (
       f'| {result["config"]} | {result["batch_size"]} | {ks} | {alone:,.0f} | {whole:,.0f} | '
       f'{result["loop_share_median"]:.2f} ({low:.2f}-{high:.2f}; target {TARGET_LOOP_SHARE}: '
-      f'{_verdict(low, high, TARGET_LOOP_SHARE)}) | {memory_share:.2f} ({min(memory):.2f}-{max(memory):.2f}) | '
-      f'{ceiling:,.0f} '
+      f'{_verdict(low, high, TARGET_LOOP_SHARE)}) |'
+    )
+    if ceiling is None:  # A job: (b) and (a) only.
+      lines.append(f'{row} - | - |')
+      continue
+    memory = [r['in_memory_share'] for r in runs]
+    target = TARGET_CEILING_PREPARED if result.get('source') == 'prepared' else TARGET_CEILING
+    lines.append(
+      f'{row} {statistics.median(memory):.2f} ({min(memory):.2f}-{max(memory):.2f}) | {ceiling:,.0f} '
       f'(target {target / 1e6:.0f}M: {_verdict(ceiling, 0, target)}) |'
     )
   return '\n'.join(lines)
@@ -285,11 +282,7 @@ def time_job_step_alone(process_command: list[str]) -> float:
   """(a) of the job: `process_command` (a process that prints the examples/sec of `time_step_alone` on its
   `JOB_DEVICES` replicas, its last line) started once a process of the job, each pinned to its share of the cores
   as `--pin_cpus` pins them, all at once; the sum."""
-  cores = sorted(os.sched_getaffinity(0))
-  shares = [
-    cores[p * len(cores) // JOB_PROCESSES : (p + 1) * len(cores) // JOB_PROCESSES] or cores
-    for p in range(JOB_PROCESSES)
-  ]
+  shares = [launcher.cpu_share(p, JOB_PROCESSES) for p in range(JOB_PROCESSES)]
   running = [
     subprocess.Popen(
       process_command, stdout=subprocess.PIPE, text=True, preexec_fn=functools.partial(os.sched_setaffinity, 0, share)

@@ -17,7 +17,6 @@ Each repeat times, one after the other on the same machine:
 The ratio of each repeat is read as how much faster this framework trains the same model; its median and range.
 """
 
-import functools
 import json
 import pathlib
 import shutil
@@ -108,9 +107,8 @@ def run(
 
 
 def table(results: dict[str, Any]) -> str:
-  median = functools.partial(statistics.median)
-  ours = median(r['examples_per_sec'] for r in results['ours'])
-  theirs = median(r['examples_per_sec'] for r in results['torchrec'])
+  ours = statistics.median(r['examples_per_sec'] for r in results['ours'])
+  theirs = statistics.median(r['examples_per_sec'] for r in results['torchrec'])
   low, high = results['ratio_range']
   verdict = 'met' if low >= TARGET_RATIO else ('within noise' if high >= TARGET_RATIO else 'not met')
   versions = results['torchrec'][0]
