@@ -9,7 +9,8 @@ code it measures, as a study's result file records them (`report.write`).
 The code a result measures is every file of the repository whose module the study's process loaded, with its git
 blob hash as it was when the result was written (uncommitted edits included), and, when the study ran jobs of their
 own processes (`studies.jobs`, `parallel.supervisor`), every file of the library but `studies` (no job imports it)
-and of `experiments`: what a change must touch to change the result. Left out: the modules that write, date and read
+and of `experiments`, and the files a loaded module names in its `RUNS_ELSEWHERE` (run by another Python: TorchRec's
+worker): what a change must touch to change the result. Left out: the modules that write, date and read
 result files (`WRITERS`: this one, `report`, `result_files`, `staleness`, `headlines`), which measure nothing. The
 machine's load is read when this module is imported (a study binary imports it at its start) and again when the
 record is made."""
@@ -49,6 +50,7 @@ def measured_files(repo: pathlib.Path = REPO_ROOT, modules: dict[str, Any] | Non
     path = getattr(module, '__file__', None)
     if path and pathlib.Path(path).resolve().is_relative_to(repo):
       files.add(pathlib.Path(path).resolve().relative_to(repo).as_posix())
+    files.update(getattr(module, 'RUNS_ELSEWHERE', ()))  # Files a study runs in another Python (its peers').
   if any(name in modules for name in _JOB_RUNNERS):
     for top in _JOB_CODE:
       files.update(

@@ -32,7 +32,8 @@ from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 
 TARGET_RATIO = 1.8  # This framework >= 1.8x TorchRec 1.8's DLRM on Kaggle's tables (issue 42).
-WORKER = pathlib.Path(__file__).resolve().parents[2] / 'benchmarks' / 'torchrec_worker.py'
+RUNS_ELSEWHERE = ('benchmarks/torchrec_worker.py',)  # In TorchRec's Python: measured code all the same (provenance).
+WORKER = pathlib.Path(__file__).resolve().parents[2] / RUNS_ELSEWHERE[0]
 
 
 def write_batches(config: ml_collections.ConfigDict, path: pathlib.Path, num_batches: int) -> None:

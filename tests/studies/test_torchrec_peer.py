@@ -7,6 +7,7 @@ import pytest
 
 from experiments.configs import default
 from shadowsync_jax.data import synthetic
+from shadowsync_jax.studies import provenance
 from shadowsync_jax.studies import torchrec_peer
 
 
@@ -32,6 +33,12 @@ def test_the_table_reads_the_ratio_against_the_target():
   }
   text = torchrec_peer.table(results)
   assert '39,000' in text and '8,000' in text and '4.88 (4.75-5.00; target 1.8: met)' in text
+
+
+def test_the_worker_run_in_torchrecs_python_is_measured_code_of_the_result():
+  files = provenance.measured_files(modules={'shadowsync_jax.studies.torchrec_peer': torchrec_peer})
+  assert 'benchmarks/torchrec_worker.py' in files and 'shadowsync_jax/studies/torchrec_peer.py' in files
+  assert torchrec_peer.WORKER.is_file()
 
 
 def test_a_worker_that_fails_is_an_error_with_its_output(tmp_path):
