@@ -31,6 +31,7 @@ restarts (the directory is read at start; a temporary file left by a kill is rem
 """
 
 from concurrent import futures
+import functools
 import json
 import os
 import time
@@ -87,7 +88,7 @@ def _copy(tree: PyTree) -> PyTree:
   return jax.tree.map(jnp.copy, tree)
 
 
-@jax.jit
+@functools.partial(jax.jit, donate_argnums=0)  # In place: the restored baseline's rows are not kept.
 def _scatter(rows: list[jax.Array], ids_LxM: jax.Array, values: list[jax.Array]) -> list[jax.Array]:
   """Each leaf [L, V, ...] with rows `ids_LxM` of each device set to `values` ([L, M, ...]); ids >= V dropped."""
   put = lambda x, v: jax.vmap(lambda x_1, ids, v_1: x_1.at[ids].set(v_1, mode='drop'))(x, ids_LxM, v)
@@ -99,6 +100,13 @@ def stamp_rows(row_steps_LxV: jax.Array, rows_LxK: jax.Array, step: jax.Array) -
   """`row_steps` with rows `rows_LxK` of each device stamped `step`: rows written outside a step (a priority
   save's rows over a restored state) that the next differential must hold."""
   return jax.vmap(lambda r, ids: r.at[ids].set(step, mode='drop'))(row_steps_LxV, rows_LxK)
+
+
+def _device_rows(array_LxV: jax.Array) -> list[np.ndarray]:
+  """Each local device's row of an [L, V] array on the host, in the order of the leading axis: on a CPU a view of
+  its buffer (not a second [L, V] array assembled)."""
+  shards = sorted(array_LxV.addressable_shards, key=lambda shard: shard.index[0].start or 0)
+  return [np.asarray(shard.data)[0] for shard in shards]
 
 
 def _bucket(count: int) -> int:
@@ -179,7 +187,7 @@ class IncrementalCheckpointer:
     stamps = dict(rows)[_STAMPS]
     whole_bytes, changed = memory.state_bytes(tree), None
     if self._baseline is not None and self._baseline in self._full.all_steps():
-      changed = [np.flatnonzero(row > self._baseline).astype(np.int32) for row in np.asarray(stamps)]
+      changed = [np.flatnonzero(row > self._baseline).astype(np.int32) for row in _device_rows(stamps)]
       row_bytes = sum(x.dtype.itemsize * int(np.prod(x.shape[2:])) for _, x in rows) + np.int32().itemsize
       differential_bytes = sum(len(c) for c in changed) * row_bytes + memory.state_bytes([x for _, x in dense])
       if self._since_baseline_bytes + differential_bytes >= self._rebaseline_fraction * whole_bytes:

@@ -8,8 +8,9 @@ Orbax's own array handler copies each shard whole to the host before it writes i
 host memory before it places it on its device: a second copy of a table on the way out and on the way in. Here
 each of this process's device shards [L, rows, ...] is written as rows [start, start + BLOCK_ROWS) at a time
 (tensorstore, zarr3, chunks of BLOCK_ROWS rows): on a CPU the block is a view of the device buffer, on an
-accelerator a transfer of one block. A restore allocates each shard on its device and fills it block by block in
-place (a donated update), so a process never holds more than a block beyond its state. The caller must not change
+accelerator a transfer of one block. A restore allocates this process's part of the array where it lives and fills
+it a block of every shard at a time in place (one donated update), reading the next blocks meanwhile: a process
+never holds more than two blocks a device beyond its state. The caller must not change
 the arrays while a save runs (`checkpointing` saves large states blocking).
 
 Every process writes only its own shards, under `<array>/process_<p>` (no collective, no coordination).
@@ -46,12 +47,7 @@ class RowBlockHandler(ocp.CheckpointHandler):
         _write(_spec(directory, name, local), shard)
 
   def restore(self, directory: epath.Path, args: 'RowBlockRestore') -> dict[str, jax.Array]:
-    restored = {}
-    for name, abstract in args.abstract.items():
-      devices = _local_devices(abstract.sharding, abstract.shape)
-      shards = [_read(_spec(directory, name, local), device) for local, device in enumerate(devices)]
-      restored[name] = jax.make_array_from_single_device_arrays(abstract.shape, abstract.sharding, shards)
-    return restored
+    return {name: _read(directory, name, abstract) for name, abstract in args.abstract.items()}
 
   def metadata(self, directory: epath.Path) -> None:
     return None
@@ -103,20 +99,38 @@ def _write(spec: dict[str, Any], shard_1xR: jax.Array) -> None:
     store[start : start + len(block)].write(block).result()
 
 
-def _read(spec: dict[str, Any], device: jax.Device) -> jax.Array:
-  store = ts.open(spec).result()
-  rows, row_shape = store.shape[0], tuple(store.shape[1:])
-  dtype = np.dtype(store.dtype.numpy_dtype)
-  shard = jax.jit(
-    lambda: jnp.zeros((1, rows, *row_shape), dtype), out_shardings=jax.sharding.SingleDeviceSharding(device)
-  )()
-  step = block_rows(row_shape, dtype.itemsize)
-  for start in range(0, rows, step):
-    block = store[start : min(rows, start + step)].read().result()
-    shard = _put_rows(shard, jax.device_put(block[None], device), start)
-  return shard
+def _read(directory: epath.Path, name: str, abstract: jax.ShapeDtypeStruct) -> jax.Array:
+  """This process's part of an array, filled a block of rows of every local shard at a time: one compiled update
+  for all of them (the last block ends at the last row, overlapping the one before, so every block has one shape),
+  the next block read while the last is placed."""
+  sharding, (num_local, rows, *row_shape) = abstract.sharding, _local_shape(abstract)
+  stores = [ts.open(_spec(directory, name, local)).result() for local in range(num_local)]
+  devices = _local_devices(sharding, abstract.shape)
+  array = _zeros(abstract.shape, np.dtype(abstract.dtype), sharding)()
+  step = min(rows, block_rows(tuple(row_shape), np.dtype(abstract.dtype).itemsize))
+  starts = [*range(0, rows - step, step), rows - step]
+  reading = [store[starts[0] : starts[0] + step].read() for store in stores]
+  for i, start in enumerate(starts):
+    blocks = [read.result() for read in reading]
+    if i + 1 < len(starts):
+      reading = [store[starts[i + 1] : starts[i + 1] + step].read() for store in stores]
+    placed = [jax.device_put(block[None], device) for block, device in zip(blocks, devices)]
+    block = jax.make_array_from_single_device_arrays((*abstract.shape[:1], step, *row_shape), sharding, placed)
+    array = _put_rows(array, block, start)
+  return array
+
+
+def _local_shape(abstract: jax.ShapeDtypeStruct) -> tuple[int, ...]:
+  """The shape of this process's part of a [L_job, rows, ...] array: [local devices, rows, ...]."""
+  return (len(abstract.sharding.addressable_devices), *abstract.shape[1:])
+
+
+@functools.cache
+def _zeros(shape: tuple[int, ...], dtype: np.dtype, sharding: jax.sharding.Sharding) -> jax.Array:
+  """Compiles (once per shape and placement) the program that allocates an array of zeros where it lives."""
+  return jax.jit(functools.partial(jnp.zeros, shape, dtype), out_shardings=sharding)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
-def _put_rows(shard_1xR: jax.Array, block_1xK: jax.Array, start: int) -> jax.Array:
-  return lax.dynamic_update_slice_in_dim(shard_1xR, block_1xK, start, axis=1)
+def _put_rows(array_LxR: jax.Array, block_LxK: jax.Array, start: int) -> jax.Array:
+  return lax.dynamic_update_slice_in_dim(array_LxR, block_LxK, start, axis=1)
