@@ -65,8 +65,8 @@ def main(argv):
   note = (
     f'{size.description}{" (tiny)" if FLAGS.tiny else ""}; kills at exponential times of mean {kill_mtbf_s:g} '
     f's, seeds {", ".join(map(str, seeds))}; MTBF {rows[-1]["mtbf_steps"]:.0f} steps; reference step time '
-    f"{step_ms:.1f} ms. Overheads are shares of the steps' own time (`recovery_checkpoint_overhead_pct`: blocking "
-    'saves, restores, work trained again; `recovery_restart_overhead_pct`: each death to every process training '
+    f"{step_ms:.1f} ms. Overheads are shares of the reference's steps time (`checkpoint_overhead_pct`: blocking "
+    'saves, restores, work trained again; `restart_overhead_pct`: each death to every process training '
     "again, restores left out); the wall overhead is the run's wall time over the reference's."
   )
   out = FLAGS.out or OUTS[size.name]

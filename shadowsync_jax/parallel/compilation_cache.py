@@ -2,6 +2,7 @@
 
   compilation_cache.enable(workdir / 'compilation_cache', process_id)   # before anything compiles
   compilation_cache.directory_for(FLAGS.compilation_cache_dir, default)  # flag, else $JAX_COMPILATION_CACHE_DIR
+  with compilation_cache.compiling() as compiled: ...   # compiled.seconds: this thread's compiling meanwhile
 
 Every program a run compiles (the train step, the rounds, the evaluation) is written to
 `DIRECTORY/process_{p}` and read back by the next start of the same process: a job restarted after a failure
@@ -12,7 +13,11 @@ in the workdir by default (`--compilation_cache_dir`; `$JAX_COMPILATION_CACHE_DI
 `directory_for`).
 """
 
+from collections.abc import Iterator
+import contextlib
+import dataclasses
 import pathlib
+import threading
 
 import jax
 
@@ -36,3 +41,33 @@ def enable(directory: str | pathlib.Path, process_id: int = 0) -> pathlib.Path:
 
   private_apis.cache_writes_from_any_process()
   return path
+
+
+@dataclasses.dataclass
+class Compiled:
+  seconds: float = 0.0  # Tracing, lowering and compiling (or loading from the cache), summed.
+
+
+_COMPILE_EVENTS = (
+  '/jax/core/compile/jaxpr_trace_duration',
+  '/jax/core/compile/jaxpr_to_mlir_module_duration',
+  '/jax/core/compile/backend_compile_duration',
+)
+
+
+@contextlib.contextmanager
+def compiling() -> Iterator[Compiled]:
+  """The seconds this thread spends compiling inside the block (JAX's own compile events), so that a measured cost
+  can leave out a one-time compile (a checkpoint interval calibrated on a save that compiled its gather)."""
+  compiled, thread = Compiled(), threading.get_ident()
+
+  def on_event(event: str, seconds: float, **kwargs) -> None:
+    del kwargs
+    if event in _COMPILE_EVENTS and threading.get_ident() == thread:
+      compiled.seconds += seconds
+
+  jax.monitoring.register_event_duration_secs_listener(on_event)
+  try:
+    yield compiled
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_event)

@@ -201,9 +201,10 @@ class EmulatedFailures:
     if self._checkpointer.latest_step() != step:
       started = time.perf_counter()
       self._checkpointer.save(step, tree)
-      self.account.saves_s += time.perf_counter() - started
+      if not (self._incremental and step == incremental.INITIAL):  # A real job rebuilds it: nothing written.
+        self.account.saves_s += time.perf_counter() - started
     self.checkpoint_steps.append(step)
-    self._baseline_step = step if self._incremental else None  # A whole checkpoint: the first baseline.
+    self._baseline_step = step if self._incremental else None  # The first baseline: the initial state.
     self._warm_up(step, state_L)
     self._last_mark = time.perf_counter()
 

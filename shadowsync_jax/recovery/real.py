@@ -41,6 +41,7 @@ under `recovery.target_pls` (the parts being the processes) under the partial mo
 where set.
 """
 
+from collections.abc import Callable
 import pathlib
 import time
 from typing import Any
@@ -53,6 +54,7 @@ import numpy as np
 
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.model import table_placement
+from shadowsync_jax.parallel import compilation_cache
 from shadowsync_jax.parallel import control
 from shadowsync_jax.parallel import distributed
 from shadowsync_jax.parallel import history
@@ -135,7 +137,7 @@ class RealFailures:
     the state, the sync state (job-wide, as the sync drivers hold it) and the step the stream goes on from."""
     distributed.report(0, 'setup')
     abstract = fresh.abstract()
-    self._checkpointer = self._make_checkpointer(memory.state_bytes(abstract))
+    self._checkpointer = self._make_checkpointer(memory.state_bytes(abstract), lambda: self._initial_tree(fresh))
     reached = history.positions_reached(self._workdir, self._generation - 1) if self._generation else {}
     live_steps = self._live.steps() if self._live is not None else []
     mine = restart_plan.Holdings(tuple(self._checkpointer.all_steps()), tuple(live_steps), reached)
@@ -150,8 +152,7 @@ class RealFailures:
         self._checkpointer.delete_before(restored_step)  # (Left to later saves, a run that fails more often than
         self._saved = [restored_step]  # each process saves twice kept them all: 6 x 1.1 GB a process at Kaggle size.)
     if source == 'init':
-      state_L, sync_state_R = fresh()
-      tree = checkpointing.training_tree(state_L, self._local(sync_state_R))
+      tree = self._initial_tree(fresh)
     started = time.perf_counter()
     if source == 'live':
       tree = self._live.restore(restored_step, abstract)
@@ -337,15 +338,25 @@ class RealFailures:
       'recovery': details,
     }
 
-  def _make_checkpointer(self, state_bytes: int) -> checkpointing.Checkpointer | incremental.IncrementalCheckpointer:
-    """This process's checkpoints: whole, or incremental (`recovery.incremental`), keeping what a restart may
-    need: everything a common cut may need under full recovery, `cpr` and lock-step algorithms; else the two newest."""
+  def _initial_tree(self, fresh: checkpointing.FreshState) -> PyTree:
+    """The training tree this process starts from when nothing is restored, built now (the same, bit for bit, at
+    every start: from the config's seed)."""
+    state_L, sync_state_R = fresh()
+    return checkpointing.training_tree(state_L, self._local(sync_state_R))
+
+  def _make_checkpointer(
+    self, state_bytes: int, initial: Callable[[], PyTree]
+  ) -> checkpointing.Checkpointer | incremental.IncrementalCheckpointer:
+    """This process's checkpoints: whole, or incremental (`recovery.incremental`; the first baseline the `initial`
+    tree, rebuilt and never written), keeping what a restart may need: everything a common cut may need under full
+    recovery, `cpr` and lock-step algorithms; else the two newest."""
     keep_older = self.mode == 'full' or self.requested_mode == 'cpr' or self._lock_step
     directory, keep = self._workdir / 'checkpoints', None if keep_older else 2
     if not incremental.enabled(self._config, saves_block=checkpointing.saves_block(state_bytes)):
       return checkpointing.Checkpointer(directory, self._meshes, max_to_keep=keep)
     full = checkpointing.Checkpointer(directory, self._meshes, max_to_keep=None)
-    return incremental.IncrementalCheckpointer(full, self._meshes, self._config.recovery.rebaseline_fraction, keep=keep)
+    fraction = self._config.recovery.rebaseline_fraction
+    return incremental.IncrementalCheckpointer(full, self._meshes, fraction, keep=keep, initial=initial)
 
   # Modes and intervals.
 
@@ -409,7 +420,8 @@ class RealFailures:
     self._checkpointer.wait()
     started = time.perf_counter()
     tree = checkpointing.training_tree(state_L, self._local(driver.sync_state()))
-    self._checkpointer.save(step, tree)
+    with compilation_cache.compiling() as compiled:  # Once a run (a differential's gather): left out of the costs.
+      self._checkpointer.save(step, tree)
     save_s = time.perf_counter() - started
     self._checkpointer.wait()
     write_s = time.perf_counter() - started
@@ -420,7 +432,8 @@ class RealFailures:
       restore_s = time.perf_counter() - started
     self._saved.append(step)
     self._saved_for(step, 'calibration', write_s + restore_s, complete=step)  # Written and read back: complete.
-    measured = {'step_s': mean_step_s, 'save_s': save_s, 'write_s': write_s, 'restore_s': restore_s}
+    once = compiled.seconds
+    measured = {'step_s': mean_step_s, 'save_s': save_s - once, 'write_s': write_s - once, 'restore_s': restore_s}
     costs = distributed.exchange('calibration', measured)
     worst = {key: max(c[key] for c in costs) for key in measured}  # The job goes at its slowest process's pace.
     save_steps, restore_steps = worst['save_s'] / worst['step_s'], worst['restore_s'] / worst['step_s']
@@ -447,7 +460,9 @@ class RealFailures:
     else:
       self._interval = full_interval
     if self._process == 0:
-      history.append(self._workdir, 'process_0', {'event': 'calibration', 'interval': self._interval, 'costs': worst})
+      differential = self._checkpointer.last_save.get('kind') == 'differential'  # Then no recalibration.
+      record = {'event': 'calibration', 'interval': self._interval, 'costs': worst, 'differential': differential}
+      history.append(self._workdir, 'process_0', record)
       if self._choice is not None:
         history.append(self._workdir, 'process_0', {'event': 'cpr_choice', 'choice': self._choice._asdict()})
 
@@ -491,7 +506,8 @@ class RealFailures:
     jax.block_until_ready((state_L, sync_state_L))
     started = time.perf_counter()
     self._last_save_s = started
-    self._checkpointer.save(step, checkpointing.training_tree(state_L, sync_state_L))
+    with compilation_cache.compiling() as compiled:
+      self._checkpointer.save(step, checkpointing.training_tree(state_L, sync_state_L))
     written = {
       'written': self._checkpointer.last_save.get('kind'),
       'bytes_written': self._checkpointer.last_save.get('bytes'),
@@ -503,7 +519,7 @@ class RealFailures:
     self._saved.append(step)
     self._unconfirmed = step  # Written down as complete once written (`at_boundary`).
     if written['written'] == 'differential' and self._recalibrates():
-      self._recalibrate(time.perf_counter() - started)
+      self._recalibrate(time.perf_counter() - started - compiled.seconds)  # Its gather compiled once a run.
     if self.mode == 'full' or self._lock_step:  # Drop what no consistent cut can need any more.
       oldest_needed = min([self._saved[-2] if len(self._saved) > 1 else 0] + self._peer_checkpoints())
       self._checkpointer.delete_before(oldest_needed)

@@ -14,8 +14,11 @@ time the failure-free time, its eval NE the quality to keep. `recovery.mtbf_step
 checkpoints for, is the kill schedule's mean in the reference's steps.
 
 Each run's summary.json splits its overhead as CPR does (`recovery.overhead`): checkpoint-related (blocking saves,
-restores, work trained again) and restarts (from each death to every process training again, restores left out),
-each a share of the steps' own time; the wall-clock overhead against the reference is beside them.
+restores, work trained again) and restarts (from each death to every process training again, restores left out).
+The study gives each as a share of the reference's own steps time (`checkpoint_overhead_pct`,
+`restart_overhead_pct`): one denominator for every mode and seed (a summary's own shares divide by the pace of the
+run's last start, which a restart's standby starting beside it and the checkpoints' background writes slow, so
+differently in every run); the wall-clock overhead against the reference is beside them.
 
 A run that ended leaves its summary, history and metrics; its saved state (checkpoints, live states, priority
 rows: `SAVED_STATE`) is deleted, since at Kaggle size a run leaves 9-16 GB of it and three seeds of three modes
@@ -152,18 +155,29 @@ def run(
       rows.append(
         {**summary, 'label': f'{mode}, seed {seed}', 'mode': mode, 'kill_seed': seed, 'overhead_pct': overhead}
       )
+  reference_steps_s = steps_time(reference)
   for row in rows:
     row['ne_vs_reference_pct'] = 100 * (row['eval_ne'] / reference['eval_ne'] - 1)
     row['mtbf_steps'] = mtbf_steps
+    split = (row.get('recovery') or {}).get('overhead_s') or {}
+    for kind in ('checkpoint', 'restart'):
+      seconds = split.get(f'{kind}_s')
+      row[f'{kind}_overhead_pct'] = None if seconds is None else 100 * seconds / reference_steps_s
   return rows
 
 
 def vs_full(row: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
   """A run's checkpoint-related overhead over full recovery's on the same kill seed (None: no such full run)."""
   full = next((r for r in rows if r['mode'] == 'full' and r['kill_seed'] == row['kill_seed']), None)  # Incremental.
-  if full is None or not full['recovery_checkpoint_overhead_pct'] or row['recovery_checkpoint_overhead_pct'] is None:
+  if full is None or not share(full, 'checkpoint') or share(row, 'checkpoint') is None:
     return None
-  return row['recovery_checkpoint_overhead_pct'] / full['recovery_checkpoint_overhead_pct']
+  return share(row, 'checkpoint') / share(full, 'checkpoint')
+
+
+def share(row: dict[str, Any], kind: str) -> float | None:
+  """A run's checkpoint-related or restart overhead (`kind`), % of the reference's steps time; in a result file
+  written before the study gave that, the summary's own share (of the pace of the run's last start)."""
+  return row.get(f'{kind}_overhead_pct', row.get(f'recovery_{kind}_overhead_pct'))
 
 
 def steps_time(summary: dict[str, Any]) -> float:
@@ -191,9 +205,9 @@ def by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
   def figures(mode_runs: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {
-      'checkpoint_overhead_pct': [r['recovery_checkpoint_overhead_pct'] for r in mode_runs],
+      'checkpoint_overhead_pct': [share(r, 'checkpoint') for r in mode_runs],
       'checkpoint_overhead_vs_full': [vs_full(r, rows) for r in mode_runs],
-      'restart_overhead_pct': [r['recovery_restart_overhead_pct'] for r in mode_runs],
+      'restart_overhead_pct': [share(r, 'restart') for r in mode_runs],
       'wall_overhead_pct': [r['overhead_pct'] for r in mode_runs],
       'eval_ne': [r['eval_ne'] for r in mode_runs],
       'ne_vs_reference_pct': [r['ne_vs_reference_pct'] for r in mode_runs],
@@ -220,12 +234,12 @@ def table(rows: list[dict[str, Any]]) -> str:
     '|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for mode, m in modes.items():
-    share = spread.span(m, 'checkpoint_overhead_vs_full', '{:.2f}')
+    vs_full_span = spread.span(m, 'checkpoint_overhead_vs_full', '{:.2f}')
     per_restart = spread.span(m, 'seconds_per_restart', '{:.2f}')
     lines.append(
       f'| {mode} | {len(m["kill_seeds"])} | {m["failures"]:.1f} | '
       f'**{spread.span(m, "checkpoint_overhead_pct", "{:.2f}%")}** | '
-      f'{share} | {spread.span(m, "restart_overhead_pct", "{:.1f}%")} | {per_restart} | '
+      f'{vs_full_span} | {spread.span(m, "restart_overhead_pct", "{:.1f}%")} | {per_restart} | '
       f'{spread.span(m, "wall_overhead_pct", "{:.1f}%")} | {spread.span(m, "ne_vs_reference_pct", "{:+.3f}%")} | '
       f'{spread.span(m, "rows_written_share", "{:.1%}")} | {spread.span(m, "mb_written_per_s", "{:.1f}")} |'
     )
@@ -239,15 +253,15 @@ def table(rows: list[dict[str, Any]]) -> str:
     recovery = r.get('recovery') or {}
     split = recovery.get('overhead_s') or {}
     chose = (recovery.get('cpr_choice') or {}).get('chosen', '')
-    pct = lambda key, r=r: f'{r[key]:.2f}%' if r.get(key) is not None else ''
+    pct = lambda kind, r=r: f'{share(r, kind):.2f}%' if share(r, kind) is not None else ''
     seconds = lambda key, split=split: f'{split[key]:.2f}' if key in split else ''
-    share = vs_full(r, rows) if r is not rows[0] else None
-    share = f'{share:.2f}' if share is not None else ''
+    of_full = vs_full(r, rows) if r is not rows[0] else None
+    of_full = f'{of_full:.2f}' if of_full is not None else ''
     lines.append(
       f'| {r["label"]} | {r["num_failures"]} | {recovery.get("num_restarts", 0)} | {r["job_wall_s"]:.1f} | '
       f'{r["overhead_pct"]:.1f}% | {seconds("save_s")} | {seconds("restore_s")} | {seconds("retrained_s")} | '
-      f'{seconds("restart_s")} | {pct("recovery_checkpoint_overhead_pct")} | {share} | '
-      f'{pct("recovery_restart_overhead_pct")} | '
+      f'{seconds("restart_s")} | {pct("checkpoint")} | {of_full} | '
+      f'{pct("restart")} | '
       f'{r.get("actual_pls") or 0:.4f} | {r["eval_ne"]:.5f} | {r["ne_vs_reference_pct"]:+.3f}% | {chose} |'
     )
   return '\n'.join(lines)

@@ -73,9 +73,9 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
   """The tables sharded over both processes, so each death loses real shards and leaves the survivor stuck in a
   lookup's collective until the launcher stops it: both restart from the newest checkpoint both have, each
   restoring its own shards, and end with the model of the run that never failed (which saved whole checkpoints).
-  Checkpoints here are incremental: a baseline at step 16, then differentials of it (the tiny tables' rows nearly
-  all change between two saves: differentials are kept from adding up to a new baseline), each restore the baseline
-  and one differential."""
+  Checkpoints here are incremental: differentials of the initial state, never written (the tiny tables' rows nearly
+  all change between two saves: differentials are kept from adding up to a new baseline), each restore the initial
+  state built again and one differential over it."""
   code, output = _launch(
     tmp_path,
     *_SHARDED_FR_MA,
@@ -98,9 +98,8 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
     cut = starts[0]['restored_step']
     assert all(s['restored'] == 'checkpoint' and s['restored_step'] == s['position'] == cut for s in starts.values())
     assert cut % EVERY == 0 and killed_at - 2 * EVERY < cut <= killed_at, starts
-    # No later plan can go back past the cut: each process keeps it and its baseline alone (older ones once piled
-    # up on restarts).
-    assert all(s['checkpoints_kept'] == [EVERY, cut] for s in starts.values()), starts
+    # No later plan can go back past the cut: each process keeps it alone (older ones once piled up on restarts).
+    assert all(s['checkpoints_kept'] == [cut] for s in starts.values()), starts
   assert summary['recovery']['retrained_steps'] > 0 and summary['actual_pls'] == 0.0
   # CPR's split: saves, restores and the rewound steps apart from the two restarts, each a share of the steps' time.
   costs = summary['recovery']['overhead_s']
@@ -260,10 +259,10 @@ def test_a_restart_that_finds_a_checkpoint_truncated_stops_naming_it(tmp_path, k
   assert '[launch] FAILED: process 1 cannot restore what its restart needs' in output
 
 
-def test_full_recovery_with_incremental_checkpoints_sets_its_interval_again_from_a_differential(tmp_path):
-  """The calibration measures a whole save (the first, a baseline); the first differential's cost sets Young's
-  interval again, once, on every process alike (one exchange), and the restarts keep it (the history's newest
-  calibration)."""
+def test_full_recovery_with_incremental_checkpoints_calibrates_its_interval_on_a_differential(tmp_path):
+  """The calibration's save is already a differential (over the initial state: nothing whole is written first), so
+  Young's interval comes from a differential's cost once, on every process alike (one exchange), and every later
+  save keeps it."""
   code, output = _launch(
     tmp_path,
     *_SHARDED_FR_MA,
@@ -276,14 +275,14 @@ def test_full_recovery_with_incremental_checkpoints_sets_its_interval_again_from
   )
   assert code == 0, output[-3000:]
   calibrations = [r for r in history.read(tmp_path) if r.get('event') == 'calibration']
-  assert [bool(r.get('differential')) for r in calibrations] == [False, True], calibrations
-  first, again = calibrations
-  saves = [r for r in history.read(tmp_path) if r.get('event') == 'save' and r['kind'] == 'checkpoint']
-  differential = next(r for r in saves if r['written'] == 'differential')
-  assert differential['step'] % first['interval'] == 0  # Set again at the first differential's step ...
-  later = [r['step'] for r in saves if r['step'] > differential['step']]
-  assert later and all(step % again['interval'] == 0 for step in later), (later, again)  # ... and kept after it.
-  assert summary_of(tmp_path)['checkpoint_interval_steps'] == again['interval']
+  assert len(calibrations) == 1 and calibrations[0]['differential'], calibrations
+  interval = calibrations[0]['interval']
+  saves = [r for r in history.read(tmp_path) if r.get('event') == 'save']
+  assert {r['written'] for r in saves if r['kind'] == 'checkpoint'} == {'differential'}, saves
+  calibrated_at = next(r['step'] for r in saves if r['kind'] == 'calibration')
+  later = [r['step'] for r in saves if r['kind'] == 'checkpoint' and r['step'] < STEPS]
+  assert later and all(step > calibrated_at and step % interval == 0 for step in later), (later, interval)
+  assert summary_of(tmp_path)['checkpoint_interval_steps'] == interval
 
 
 def summary_of(workdir: pathlib.Path) -> dict:

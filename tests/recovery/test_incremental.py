@@ -112,6 +112,48 @@ def test_a_killed_differential_is_never_read_and_a_restart_keeps_what_restores_n
   again.close()
 
 
+def test_the_initial_state_is_the_first_baseline_rebuilt_never_written(tmp_path):
+  """With `initial` (the state at step 0, rebuilt from the seed) the first save is already a differential over it:
+  nothing whole is written until the differentials add up to a whole checkpoint; a restore builds the initial state
+  and lays the differential over it, bit for bit, also in a new start; without a way to rebuild it, it says so."""
+  meshes, rng = replicas.make_meshes(L), np.random.default_rng(2)
+  initial = _state(meshes, np.random.default_rng(3))
+  built = []
+  build = lambda: built.append(1) or jax.tree.map(jnp.copy, initial)
+  make = lambda build: incremental.IncrementalCheckpointer(
+    checkpointing.Checkpointer(tmp_path / 'checkpoints', meshes, max_to_keep=None),
+    meshes,
+    rebaseline_fraction=0.5,
+    keep=2,
+    initial=build,
+  )
+  checkpointer, abstract = make(build), checkpointing.abstract_like(initial)
+  tree = _train(initial, rng, 10, 30)
+  assert checkpointer.save(10, tree, position=10)
+  checkpointer.wait()
+  assert checkpointer.baseline_of(10) == incremental.INITIAL and not built, 'nothing built to save'
+  assert checkpointer.stats()['checkpoint_baselines'] == 0 and checkpointer.stats()['checkpoint_differentials'] == 1
+  restored, data = checkpointer.restore(10, abstract)
+  _assert_equal(restored, tree)
+  assert data == {'step': 10, 'position': 10} and len(built) == 1
+  assert jax.tree.leaves(restored)[0].sharding == jax.tree.leaves(abstract)[0].sharding
+  tree = _train(tree, rng, 20, 20)
+  checkpointer.save(20, tree)
+  saved_20 = jax.tree.map(np.array, tree)
+  checkpointer.close()
+  again = make(build)  # A new start over the same directory.
+  assert again.all_steps() == [10, 20] and again.baseline_of(20) == incremental.INITIAL
+  _assert_equal(again.restore(20, abstract)[0], saved_20)
+  tree = _train(tree, rng, 30, 600)  # Most rows changed: the differentials would add up to half a whole one.
+  again.save(30, tree)
+  again.wait()
+  assert again.stats()['checkpoint_baselines'] == 1 and again.baseline_of(30) == 30
+  assert again.all_steps() == [20, 30]  # keep=2; 10 went, and nothing needs the initial state.
+  again.close()
+  with pytest.raises(ValueError, match='no way to rebuild it'):
+    make(None).restore(20, abstract)
+
+
 def test_stamps_follow_every_row_the_optimizer_writes():
   rows, lr = 50, 0.1
   optimizer = embedding.rowwise_adagrad(lr)
