@@ -35,13 +35,13 @@ differential names; `keep` (None: all) keeps the newest complete checkpoints and
 restarts (the directory is read at start; a temporary file left by a kill is removed).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent import futures
 import functools
 import json
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -110,15 +110,74 @@ def stamp_rows(row_steps_LxV: jax.Array, rows_LxK: jax.Array, step: jax.Array) -
 
 
 def _device_rows(array_LxV: jax.Array) -> list[np.ndarray]:
-  """Each local device's row of an [L, V] array on the host, in the order of the leading axis: on a CPU a view of
-  its buffer (not a second [L, V] array assembled)."""
+  """Each local device's row of an [L, V, ...] array on the host, in the order of the leading axis: on a CPU a view
+  of its buffer (not a second [L, V] array assembled)."""
   shards = sorted(array_LxV.addressable_shards, key=lambda shard: shard.index[0].start or 0)
   return [np.asarray(shard.data)[0] for shard in shards]
 
 
-def _bucket(count: int) -> int:
+def bucket(count: int) -> int:
   """A padded row count (a power of two from 256): few shapes, so few compiled gathers."""
   return max(256, 1 << max(0, count - 1).bit_length())
+
+
+@functools.partial(jax.jit, static_argnames='size')
+def _changed_rows(stamps_LxV: jax.Array, baseline: int, size: int) -> tuple[jax.Array, jax.Array]:
+  """On the device: each device's rows stamped after `baseline`, the first `size` of them ([L, size], padded with
+  V), and how many there are ([L])."""
+  changed_LxV = stamps_LxV > baseline
+  first = lambda changed_V: jnp.nonzero(changed_V, size=size, fill_value=changed_V.shape[0])[0]
+  return jax.vmap(first)(changed_LxV).astype(jnp.int32), changed_LxV.sum(axis=1)
+
+
+class TakenDifferential(NamedTuple):
+  """A differential taken on the device and not waited for (`IncrementalCheckpointer.take`): at most `size` rows of
+  each device, `counts_L` saying how many changed."""
+
+  step: int
+  baseline: int
+  ids_LxM: jax.Array
+  counts_L: jax.Array
+  rows: dict[str, jax.Array]  # Path -> [L, M, ...], the rows of `ids_LxM` (zeros past the changed ones).
+  dense: dict[str, jax.Array]  # Path -> a copy of the leaf.
+  data: dict[str, Any]
+
+
+def file_leaves(taken: TakenDifferential) -> tuple[dict[str, np.ndarray] | None, int]:
+  """A taken differential's arrays as its file holds them (copied to the host: waits for it), and the most rows a
+  device changed; None for the arrays where more changed than it could hold (take it again with a larger size)."""
+  counts = np.asarray(jax.device_get(taken.counts_L))
+  most = int(counts.max(initial=0))
+  if most > taken.ids_LxM.shape[1]:
+    return None, most
+  ids_LxM = np.asarray(jax.device_get(taken.ids_LxM))
+  changed = [ids_LxM[local, :count] for local, count in enumerate(counts)]
+  meta = _meta(taken.step, taken.baseline, changed, taken.data)
+  return _leaves(meta, changed, _cut(jax.device_get(taken.rows), changed), jax.device_get(taken.dense)), most
+
+
+def _cut(rows: dict[str, np.ndarray], changed: list[np.ndarray]) -> dict[str, list[np.ndarray]]:
+  """Gathered rows ([L, M, ...] by path) as each device's changed ones."""
+  return {
+    path: [values_LxM[local, : len(ids)] for local, ids in enumerate(changed)] for path, values_LxM in rows.items()
+  }
+
+
+def _meta(step: int, baseline: int, changed: list[np.ndarray], data: dict[str, Any]) -> dict[str, Any]:
+  return {'step': step, 'baseline': baseline, 'rows_changed': [len(c) for c in changed], 'data': {'step': step, **data}}
+
+
+def _leaves(meta: dict, changed: list[np.ndarray], rows: dict[str, list], dense: dict) -> dict[str, np.ndarray]:
+  """A differential's file: its meta (JSON), the dense leaves, and each device's changed ids and rows (`rows`: by
+  path, each device's)."""
+  leaves = {'meta': np.asarray(json.dumps(meta))}
+  leaves.update({f'dense:{path}': np.asarray(x) for path, x in dense.items()})
+  for path, values in rows.items():
+    for local, values_M in enumerate(values):
+      leaves[f'rows:{local}:{path}'] = np.asarray(values_M)
+  for local, ids in enumerate(changed):
+    leaves[f'ids:{local}'] = np.asarray(ids, np.int32)
+  return leaves
 
 
 class IncrementalCheckpointer:
@@ -142,6 +201,7 @@ class IncrementalCheckpointer:
       stale.unlink()  # A differential a kill cut short: never complete, never read.
     self._writer = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix='differential-writer')
     self._pending: futures.Future | None = None
+    self._held: int | None = None  # A baseline a live differential names (`hold`).
     self._baseline: int | None = max(self._full.all_steps(), default=self._first_baseline())
     self._since_baseline_bytes = self._written_since(self._baseline)  # What the differentials since it wrote.
     self._counts = {'saves': 0, 'baselines': 0, 'differentials': 0, 'bytes_written': 0, 'rows_written': 0}
@@ -228,28 +288,53 @@ class IncrementalCheckpointer:
     """Gathers the `changed` rows of each device out of the row leaves `rows` ([(path, leaf)]) and copies the
     `dense` ones, on the device; hands them to the writer."""
     counts, num_rows = [len(c) for c in changed], rows[0][1].shape[1]
-    ids_LxM = np.full((len(changed), _bucket(max(counts))), num_rows, np.int32)
+    ids_LxM = np.full((len(changed), bucket(max(counts))), num_rows, np.int32)
     for local, ids in enumerate(changed):
       ids_LxM[local, : len(ids)] = ids
     sharding = replicas.replica_sharding(self._meshes.local)
     row_paths = [path for path, _ in rows]
     values = _gather([x for _, x in rows], jax.device_put(ids_LxM, sharding))
     dense = _copy(dict(dense))
-    meta = {'step': step, 'baseline': self._baseline, 'rows_changed': counts, 'data': {'step': step, **data}}
-    self._pending = self._writer.submit(self._write, step, meta, changed, dict(zip(row_paths, values)), dense)
+    meta = _meta(step, self._baseline, changed, data)
+    self._pending = self._writer.submit(self._write, meta, changed, dict(zip(row_paths, values)), dense)
     return True
 
-  def _write(self, step: int, meta: dict, changed: list, rows: dict, dense: dict) -> None:
-    leaves = {f'dense:{path}': np.asarray(x) for path, x in jax.device_get(dense).items()}
-    for path, values_LxM in jax.device_get(rows).items():
-      for local, ids in enumerate(changed):
-        leaves[f'rows:{local}:{path}'] = np.asarray(values_LxM[local, : len(ids)])
-    for local, ids in enumerate(changed):
-      leaves[f'ids:{local}'] = ids
-    path = self._differentials / f'{step}_{meta["baseline"]}.npz'
+  def take(self, step: int, tree: PyTree, size: int, **data: Any) -> TakenDifferential | None:
+    """This process's `tree` at `step` as a differential over the current baseline, taken on the device and not
+    waited for (at most `size` changed rows a device: `file_leaves` says whether that held them all); None where
+    there is no complete baseline yet. A survivor's live state (`live_state`) is kept this way."""
+    if not self._has_baseline():
+      return None
+    rows, dense = row_and_dense_leaves(tree)
+    ids_LxM, counts_L = _changed_rows(dict(rows)[_STAMPS], self._baseline, size)
+    values = _gather([x for _, x in rows], ids_LxM)
+    paths = [path for path, _ in rows]
+    return TakenDifferential(
+      step, self._baseline, ids_LxM, counts_L, dict(zip(paths, values)), _copy(dict(dense)), data
+    )
+
+  def read_differential(self, step: int, tree: PyTree, **data: Any) -> dict[str, np.ndarray] | None:
+    """This process's `tree` at `step` as a differential's arrays over the current baseline, read from the devices'
+    buffers without running anything on them (a survivor's last act, its devices maybe failed in a collective);
+    None where there is no complete baseline yet."""
+    if not self._has_baseline():
+      return None
+    rows, dense = row_and_dense_leaves(tree)
+    changed = [np.flatnonzero(row > self._baseline).astype(np.int32) for row in _device_rows(dict(rows)[_STAMPS])]
+    values = {path: [x_V[ids] for x_V, ids in zip(_device_rows(x), changed)] for path, x in rows}
+    meta = _meta(step, self._baseline, changed, data)
+    return _leaves(meta, changed, values, jax.device_get(dict(dense)))
+
+  def hold(self, baseline: int | None) -> None:
+    """Keeps `baseline` from deletion (besides what the checkpoints kept need): a live differential names it."""
+    self._held = baseline
+
+  def _write(self, meta: dict, changed: list, rows: dict, dense: dict) -> None:
+    leaves = _leaves(meta, changed, _cut(jax.device_get(rows), changed), jax.device_get(dense))
+    path = self._differentials / f'{meta["step"]}_{meta["baseline"]}.npz'
     temporary = path.with_suffix('.npz.tmp')
     with open(temporary, 'wb') as file:
-      np.savez(file, meta=np.asarray(json.dumps(meta)), **leaves)
+      np.savez(file, **leaves)
       file.flush()
       os.fsync(file.fileno())
     os.replace(temporary, path)
@@ -277,26 +362,32 @@ class IncrementalCheckpointer:
       tree, data = self._full.restore(step, abstract)
       self._baseline, self._since_baseline_bytes = step, self._written_since(step)
       return tree, data
-    tree = self._initial_like(abstract) if baseline == INITIAL else self._full.restore(baseline, abstract)[0]
     with np.load(self._differentials / f'{step}_{baseline}.npz') as saved:
-      meta = json.loads(str(saved['meta']))
-      rows, _ = row_and_dense_leaves(tree)
-      row_paths, num_rows = {path for path, _ in rows}, rows[0][1].shape[1]
-      flat, structure = jax.tree_util.tree_flatten_with_path(tree)
-      paths = [jax.tree_util.keystr(p) for p, _ in flat]
-      leaves = [x for _, x in flat]
-      row_index = [i for i, p in enumerate(paths) if p in row_paths]
-      for i, (p, x) in enumerate(zip(paths, leaves)):
-        if i not in row_index:
-          leaves[i] = jax.device_put(saved[f'dense:{p}'], x.sharding)
-      num_local = len(meta['rows_changed'])
-      ids_LxM = np.full((num_local, _bucket(max(meta['rows_changed']))), num_rows, np.int32)
-      values = [np.zeros((num_local, ids_LxM.shape[1], *leaves[i].shape[2:]), leaves[i].dtype) for i in row_index]
-      for local in range(num_local):
-        ids = saved[f'ids:{local}']
-        ids_LxM[local, : len(ids)] = ids
-        for v, i in zip(values, row_index):
-          v[local, : len(ids)] = saved[f'rows:{local}:{paths[i]}']
+      return self.compose(saved, abstract)
+
+  def compose(self, saved: Mapping[str, np.ndarray], abstract: PyTree) -> tuple[PyTree, dict[str, Any]]:
+    """A differential's arrays (its file's, or `file_leaves`') over its baseline, read or rebuilt: (tree, data),
+    placed like `abstract`; the next differential is over the same baseline."""
+    meta = json.loads(str(saved['meta']))
+    baseline = meta['baseline']
+    tree = self._initial_like(abstract) if baseline == INITIAL else self._full.restore(baseline, abstract)[0]
+    rows, _ = row_and_dense_leaves(tree)
+    row_paths, num_rows = {path for path, _ in rows}, rows[0][1].shape[1]
+    flat, structure = jax.tree_util.tree_flatten_with_path(tree)
+    paths = [jax.tree_util.keystr(p) for p, _ in flat]
+    leaves = [x for _, x in flat]
+    row_index = [i for i, p in enumerate(paths) if p in row_paths]
+    for i, (p, x) in enumerate(zip(paths, leaves)):
+      if i not in row_index:
+        leaves[i] = jax.device_put(saved[f'dense:{p}'], x.sharding)
+    num_local = len(meta['rows_changed'])
+    ids_LxM = np.full((num_local, bucket(max(meta['rows_changed']))), num_rows, np.int32)
+    values = [np.zeros((num_local, ids_LxM.shape[1], *leaves[i].shape[2:]), leaves[i].dtype) for i in row_index]
+    for local in range(num_local):
+      ids = saved[f'ids:{local}']
+      ids_LxM[local, : len(ids)] = ids
+      for v, i in zip(values, row_index):
+        v[local, : len(ids)] = saved[f'rows:{local}:{paths[i]}']
     sharding = replicas.replica_sharding(self._meshes.local)
     placed = lambda x: jax.device_put(x, sharding)
     rows = _scatter([leaves[i] for i in row_index], placed(ids_LxM), [placed(v) for v in values])
@@ -323,7 +414,7 @@ class IncrementalCheckpointer:
   def _needed(self, kept: list[int]) -> set[int]:
     """`kept` and the baselines they need, and the baseline the next differential will name."""
     differentials = self._differential_steps()
-    return set(kept) | {differentials.get(s, s) for s in kept} | ({self._baseline} - {None})
+    return set(kept) | {differentials.get(s, s) for s in kept} | ({self._baseline, self._held} - {None})
 
   def _prune(self) -> None:
     if self._keep is not None:

@@ -138,6 +138,8 @@ class RealFailures:
     distributed.report(0, 'setup')
     abstract = fresh.abstract()
     self._checkpointer = self._make_checkpointer(memory.state_bytes(abstract), lambda: self._initial_tree(fresh))
+    if self._live is not None and isinstance(self._checkpointer, incremental.IncrementalCheckpointer):
+      self._live.use_differentials(self._checkpointer)  # Its copies: the rows changed since the baseline.
     reached = history.positions_reached(self._workdir, self._generation - 1) if self._generation else {}
     live_steps = self._live.steps() if self._live is not None else []
     mine = restart_plan.Holdings(tuple(self._checkpointer.all_steps()), tuple(live_steps), reached)

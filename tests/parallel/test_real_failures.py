@@ -158,11 +158,14 @@ def test_partial_recovery_keeps_the_survivors_state_and_loses_only_the_dead_proc
 def test_cpr_mfu_on_sharded_tables_restores_only_the_dead_process_shards_and_nobody_rewinds(tmp_path):
   """Process 0 (the one that writes summary.json) holds half of every table's rows and dies: it restores its own
   shards from its checkpoint and, newer, its shards' most used rows from its priority save; process 1 keeps its
-  live shards and replicas. Both go on from where the job stopped, together (their steps are collectives)."""
+  live shards and replicas. Both go on from where the job stopped, together (their steps are collectives).
+  Checkpoints are incremental, so the live states are differentials over their baseline (the initial state)."""
   code, output = _launch(
     tmp_path,
     *_SHARDED_FR_MA,
     '--config.recovery.mode=cpr_mfu',
+    '--config.recovery.incremental=true',
+    '--config.recovery.rebaseline_fraction=1000',
     # Then process 1, two steps after the job came back: two deaths close together.
     launcher_flags=('--max_restarts=2', '--kill_at=0@40,1@44'),
   )

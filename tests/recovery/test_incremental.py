@@ -1,6 +1,9 @@
 """Incremental checkpoints: a baseline, then the rows changed since it; a restore is exactly what was saved, and
 nothing a restore may need is deleted."""
 
+import json
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +17,7 @@ from shadowsync_jax.model import step as step_lib
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import incremental
+from shadowsync_jax.recovery import live_state
 
 L, V, D = 2, 1000, 3
 
@@ -152,6 +156,52 @@ def test_the_initial_state_is_the_first_baseline_rebuilt_never_written(tmp_path)
   again.close()
   with pytest.raises(ValueError, match='no way to rebuild it'):
     make(None).restore(20, abstract)
+
+
+def _wait_for(condition, seconds=30.0):
+  deadline = time.monotonic() + seconds
+  while not condition() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert condition()
+
+
+def test_a_live_state_is_a_differential_over_the_checkpoints_baseline(tmp_path):
+  """With incremental checkpoints a survivor's live state is the rows changed since their baseline and the dense
+  leaves: a copy taken on the device holds at most so many rows a device (one that could not hold them all is
+  dropped, and the next holds more), the baseline it names stays on disk while it may be written (even past a new
+  baseline and `keep`), and it restores bit for bit."""
+  meshes, rng = replicas.make_meshes(L), np.random.default_rng(4)
+  initial = _state(meshes, np.random.default_rng(5))
+  checkpointer = incremental.IncrementalCheckpointer(
+    checkpointing.Checkpointer(tmp_path / 'checkpoints', meshes, max_to_keep=None),
+    meshes,
+    rebaseline_fraction=0.5,
+    keep=1,
+    initial=lambda: jax.tree.map(jnp.copy, initial),
+  )
+  keeper = live_state.LiveKeeper(tmp_path / 'live', every_s=0.0)
+  keeper.use_differentials(checkpointer)
+  tree = _train(initial, rng, 10, 600)
+  checkpointer.save(10, tree)  # 600 of 1,000 rows changed: more than half a whole checkpoint, a baseline.
+  checkpointer.wait()
+  assert checkpointer.stats()['checkpoint_baselines'] == 1
+  tree = _train(tree, rng, 15, 300)
+  keeper.at_boundary(15, lambda: tree)  # 300 rows changed a replica: more than the first copy holds (256).
+  _wait_for(lambda: keeper._size == 512)  # pylint: disable=protected-access
+  assert keeper.save_latest() is None
+  time.sleep(live_state.LEAST_S)
+  keeper.at_boundary(16, lambda: tree)
+  _wait_for(lambda: keeper._latest is not None)  # pylint: disable=protected-access
+  saved_16 = jax.tree.map(np.array, tree)
+  checkpointer.save(20, _train(tree, rng, 20, 700))  # A new baseline; keep=1, but the copy's stays.
+  checkpointer.wait()
+  assert checkpointer.all_steps() == [10, 20]
+  assert keeper.save_latest() == 16 and keeper.steps() == [16]
+  with np.load(tmp_path / 'live' / '16.npz') as saved:
+    assert json.loads(str(saved['meta']))['baseline'] == 10
+    assert saved['ids:0'].size == int((saved_16['train'].row_steps[0] > 10).sum())
+  _assert_equal(keeper.restore(16, checkpointing.abstract_like(tree)), saved_16)
+  checkpointer.close()
 
 
 def test_stamps_follow_every_row_the_optimizer_writes():
