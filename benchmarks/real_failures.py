@@ -1,7 +1,8 @@
 r"""Failure recovery on real failures: a job of 2 processes killed on seeded schedules, under each recovery mode.
 
   python -m benchmarks.real_failures [--size=default|kaggle] [--kill_mtbf_s=S] [--kill_seeds=0,1,2] \
-      [--modes=full,full:whole,partial,cpr_mfu,cpr_ssu,cpr] [--num_train_examples=N] [--root=DIR] [--out=FILE] [--tiny]
+      [--modes=full,full:whole,partial,cpr_mfu,cpr_ssu,cpr] [--num_train_examples=N] [--root=DIR [--reuse]] \
+      [--out=FILE] [--tiny]
 
 Runs the job once without failures and without recovery (the reference), then each mode on each seed's kill schedule:
 the launcher SIGKILLs a random process at exponential times of mean `--kill_mtbf_s` seconds
@@ -18,6 +19,7 @@ import json
 import pathlib
 import tempfile
 
+from absl import app
 from absl import flags
 
 from shadowsync_jax import cli
@@ -37,6 +39,12 @@ flags.DEFINE_string('root', None, 'Where the runs go (default: a new temporary d
 flags.DEFINE_string('out', None, 'Where the tables and raw summaries go (default: by --size).')
 flags.DEFINE_bool('tiny', False, 'The tiny config (seconds per run), for a smoke test.')
 flags.DEFINE_integer('num_train_examples', 0, "Examples of the one-pass stream (0: the size's).")
+flags.DEFINE_bool(
+  'reuse',
+  False,
+  'Runs that ended in --root before (each keeps its row) are read, not run again: a study stopped goes on where it '
+  'stopped, or more kill seeds are added to it.',
+)
 FLAGS = flags.FLAGS
 
 TITLES = {'default': 'Recovery from real failures', 'kaggle': 'Recovery from real failures at Criteo Kaggle size'}
@@ -55,7 +63,9 @@ def main(argv):
   seeds = tuple(int(seed) for seed in FLAGS.kill_seeds)
   modes = tuple(FLAGS.modes or real_failures.DEFAULT_MODES[size.name])
   kill_mtbf_s = FLAGS.kill_mtbf_s or size.kill_mtbf_s
-  rows = real_failures.run(root, size, modes, kill_mtbf_s, seeds, train_flags=tuple(train_flags))
+  if FLAGS.reuse and not FLAGS.root:
+    raise app.UsageError('--reuse reads the runs of a study in --root: give it.')
+  rows = real_failures.run(root, size, modes, kill_mtbf_s, seeds, train_flags=tuple(train_flags), reuse=FLAGS.reuse)
   by_mode = real_failures.by_mode(rows)
   text = real_failures.table(rows) + '\n\nBy mode (means over the kill seeds; `_range`: lowest and highest):\n\n'
   text += f'```json\n{json.dumps(by_mode, indent=1)}\n```'

@@ -26,6 +26,7 @@ filled this machine's disk (every later run then crashed). A job that failed kee
 """
 
 import dataclasses
+import json
 import pathlib
 import shutil
 import sys
@@ -79,6 +80,7 @@ DEFAULT_MODES = {
   'kaggle': ('full', 'full:whole', 'partial', 'cpr_mfu', 'cpr_ssu', 'cpr'),
 }
 SAVED_STATE = ('checkpoints', 'live', 'priority_rows')  # What a run that ended no longer needs.
+ROW_FILE = 'study_row.json'  # A run's row, written when it ended: a study stopped can go on (`run(reuse=True)`).
 
 
 WHOLE = ':whole'  # A mode's suffix: its checkpoints whole (`recovery.incremental=false`), at the same kill times.
@@ -101,7 +103,9 @@ def checkpoint_writes(workdir: pathlib.Path, wall_s: float) -> dict[str, Any]:
   per_process = {p: [r for r in saves if r['process'] == p and r.get('rows_held')] for p in processes}
   kinds = ('whole', 'baseline', 'differential')
   return {
-    'checkpoint_writes': {p: {k: sum(r['written'] == k for r in rs) for k in kinds} for p, rs in per_process.items()},
+    'checkpoint_writes': {
+      str(p): {k: sum(r['written'] == k for r in rs) for k in kinds} for p, rs in per_process.items()
+    },
     'rows_written_share': [
       sum(r['rows_written'] / r['rows_held'] for r in rs) / len(rs) if rs else None for rs in per_process.values()
     ],
@@ -109,20 +113,27 @@ def checkpoint_writes(workdir: pathlib.Path, wall_s: float) -> dict[str, Any]:
   }
 
 
-def run_job(workdir: pathlib.Path, launch_flags: list[str], train_flags: list[str]) -> dict[str, Any]:
+def run_job(
+  workdir: pathlib.Path, launch_flags: list[str], train_flags: list[str], reuse: bool = False
+) -> dict[str, Any]:
   """One `experiments.launch` job; returns its summary.json with the launcher's wall time and what its checkpoints
-  wrote (`checkpoint_writes`), and deletes its saved state (`SAVED_STATE`)."""
+  wrote (`checkpoint_writes`), and deletes its saved state (`SAVED_STATE`). The row is kept in `workdir/ROW_FILE`:
+  with `reuse`, a run that has one is read, not run again."""
+  if reuse and (workdir / ROW_FILE).exists():
+    return json.loads((workdir / ROW_FILE).read_text())
   job = jobs.launch(workdir, launch_flags, train_flags)
   if job.error:
     raise RuntimeError(f'the job in {workdir} refused its config: {job.error}')
   for name in SAVED_STATE:
     shutil.rmtree(workdir / name, ignore_errors=True)
-  return {
+  row = {
     **job.summary,
     'job_wall_s': job.wall_s,
     'job_peak_rss_bytes': job.peak_rss_bytes,
     **checkpoint_writes(workdir, job.wall_s),
   }
+  (workdir / ROW_FILE).write_text(json.dumps(row))
+  return row
 
 
 def run(
@@ -134,13 +145,15 @@ def run(
   max_restarts: int = 30,
   train_flags: tuple[str, ...] = (),
   out=sys.stdout,
+  reuse: bool = False,
 ) -> list[dict[str, Any]]:
-  """The reference, then every mode on each seed's kill schedule; one row per run (the reference first)."""
+  """The reference, then every mode on each seed's kill schedule; one row per run (the reference first). With
+  `reuse`, the runs that ended in `root` before (a study stopped, or run with fewer seeds) are read, not run again."""
   root = pathlib.Path(root)
   flags = [*size.train_flags, *train_flags]
   out.write('--- no failures, no recovery (the reference)\n')
   out.flush()
-  reference = run_job(root / 'reference', list(size.launch_flags), flags)
+  reference = run_job(root / 'reference', list(size.launch_flags), flags, reuse)
   steps_per_s = reference['train_steps'] / steps_time(reference)
   rows = [{**reference, 'label': 'no failures', 'mode': 'none', 'kill_seed': None, 'overhead_pct': 0.0}]
   mtbf_steps = kill_mtbf_s * steps_per_s
@@ -150,7 +163,8 @@ def run(
       out.write(f'--- {mode}, kill seed {seed}\n')
       out.flush()
       job_flags = [*flags, *mode_flags(mode), f'--config.recovery.mtbf_steps={mtbf_steps:.1f}']
-      summary = run_job(root / f'{mode.replace(":", "_")}_seed{seed}', [*size.launch_flags, *kills], job_flags)
+      workdir = root / f'{mode.replace(":", "_")}_seed{seed}'
+      summary = run_job(workdir, [*size.launch_flags, *kills], job_flags, reuse)
       overhead = 100 * (summary['job_wall_s'] / reference['job_wall_s'] - 1)
       rows.append(
         {**summary, 'label': f'{mode}, seed {seed}', 'mode': mode, 'kill_seed': seed, 'overhead_pct': overhead}

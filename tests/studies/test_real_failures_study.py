@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from shadowsync_jax.parallel import history
 from shadowsync_jax.studies import jobs
 from shadowsync_jax.studies import real_failures
@@ -31,11 +33,14 @@ def test_a_run_that_ended_keeps_its_summary_and_history_and_drops_its_saved_stat
     'eval_ne': 0.9,
     'job_wall_s': 3.0,
     'job_peak_rss_bytes': 1,
-    'checkpoint_writes': {0: {'whole': 0, 'baseline': 1, 'differential': 1}},
+    'checkpoint_writes': {'0': {'whole': 0, 'baseline': 1, 'differential': 1}},
     'rows_written_share': [0.55],
     'mb_written_per_s': [2.0],
   }
-  assert sorted(p.name for p in workdir.iterdir()) == ['history', 'summary.json']
+  assert sorted(p.name for p in workdir.iterdir()) == ['history', real_failures.ROW_FILE, 'summary.json']
+  # A study that goes on (`reuse`) reads the row of a run that ended, and runs it again only without `reuse`.
+  monkeypatch.setattr(real_failures.jobs, 'launch', lambda *args: pytest.fail('a run that ended was run again'))
+  assert real_failures.run_job(workdir, [], [], reuse=True) == summary
 
 
 def test_whole_checkpoints_are_a_mode_suffix():
