@@ -265,7 +265,7 @@ class IncrementalCheckpointer:
     stamps = dict(rows)[_STAMPS]
     whole_bytes, changed = memory.state_bytes(tree), None
     if self._has_baseline():
-      changed = [np.flatnonzero(row > self._baseline).astype(np.int32) for row in _device_rows(stamps)]
+      changed = self._changed_on_host(stamps)
       row_bytes = sum(x.dtype.itemsize * int(np.prod(x.shape[2:])) for _, x in rows) + np.int32().itemsize
       differential_bytes = sum(len(c) for c in changed) * row_bytes + memory.state_bytes([x for _, x in dense])
       if self._since_baseline_bytes + differential_bytes >= self._rebaseline_fraction * whole_bytes:
@@ -320,10 +320,14 @@ class IncrementalCheckpointer:
     if not self._has_baseline():
       return None
     rows, dense = row_and_dense_leaves(tree)
-    changed = [np.flatnonzero(row > self._baseline).astype(np.int32) for row in _device_rows(dict(rows)[_STAMPS])]
+    changed = self._changed_on_host(dict(rows)[_STAMPS])
     values = {path: [x_V[ids] for x_V, ids in zip(_device_rows(x), changed)] for path, x in rows}
     meta = _meta(step, self._baseline, changed, data)
     return _leaves(meta, changed, values, jax.device_get(dict(dense)))
+
+  def _changed_on_host(self, stamps_LxV: jax.Array) -> list[np.ndarray]:
+    """Each local device's rows stamped after the baseline, read from its buffer (`take` finds them on the device)."""
+    return [np.flatnonzero(row > self._baseline).astype(np.int32) for row in _device_rows(stamps_LxV)]
 
   def hold(self, baseline: int | None) -> None:
     """Keeps `baseline` from deletion (besides what the checkpoints kept need): a live differential names it."""
