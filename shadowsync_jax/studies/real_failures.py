@@ -118,9 +118,10 @@ def run_job(
 ) -> dict[str, Any]:
   """One `experiments.launch` job; returns its summary.json with the launcher's wall time and what its checkpoints
   wrote (`checkpoint_writes`), and deletes its saved state (`SAVED_STATE`). The row is kept in `workdir/ROW_FILE`:
-  with `reuse`, a run that has one is read, not run again."""
+  with `reuse`, a run that has one is read, not run again; a run without one starts in an emptied `workdir`."""
   if reuse and (workdir / ROW_FILE).exists():
     return json.loads((workdir / ROW_FILE).read_text())
+  jobs.fresh(workdir)  # A run cut short left checkpoints: its job would resume from them.
   job = jobs.launch(workdir, launch_flags, train_flags)
   if job.error:
     raise RuntimeError(f'the job in {workdir} refused its config: {job.error}')

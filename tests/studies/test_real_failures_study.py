@@ -28,6 +28,8 @@ def test_a_run_that_ended_keeps_its_summary_and_history_and_drops_its_saved_stat
     return jobs.Job({'eval_ne': 0.9}, wall_s=3.0, peak_rss_bytes=1, error=None)
 
   monkeypatch.setattr(real_failures.jobs, 'launch', fake_launch)
+  workdir.mkdir(parents=True)  # A run cut short left its files: the job starts in an emptied workdir.
+  (workdir / 'metrics.jsonl').write_text('{}')
   summary = real_failures.run_job(workdir, [], [])
   assert summary == {
     'eval_ne': 0.9,
