@@ -106,12 +106,22 @@ class BlockPlan:
     if step >= self.stop_step:
       raise ValueError(f'no block after step {step}: the run stops at {self.stop_step}.')
     self._blocks += 1
-    if self._blocks == 1:
-      wanted = 1  # It compiles.
-    elif self.steps_per_dispatch is None:
-      wanted = PROBE[self._blocks - 2]
-    else:
-      wanted = self.steps_per_dispatch
+    return self._cut(step, self._wanted(self._blocks), due_steps)
+
+  def peek(self, step: int, due_steps: Iterable[int | None] = ()) -> int:
+    """The steps `next_block` would plan from `step` now, without planning it: how many steps of data to read ahead
+    for the block after the one just planned (a block cut short by an event needs no more)."""
+    return self._cut(step, self._wanted(self._blocks + 1), due_steps)
+
+  def _wanted(self, block: int) -> int:
+    """Steps the `block`-th block (from 1) holds before events cut it."""
+    if block == 1:
+      return 1  # It compiles.
+    if self.steps_per_dispatch is None and block - 2 < len(PROBE):
+      return PROBE[block - 2]
+    return self.steps_per_dispatch or max(PROBE)
+
+  def _cut(self, step: int, wanted: int, due_steps: Iterable[int | None]) -> int:
     end = min([step + wanted, self.stop_step] + [due for due in due_steps if due is not None and due > step])
     return end - step
 

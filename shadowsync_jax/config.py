@@ -194,7 +194,10 @@ def base_config() -> ml_collections.ConfigDict:
   # replica's), fewer rows where the share would write more; 0 = the share alone. A tenth of Criteo Kaggle's rows is
   # 216 MB a save, whose copy blocked the loop most of a second; the most used rows take most lookups well before.
   config.recovery.priority_max_bytes = 64 << 20
-  config.recovery.priority_every_steps = 0  # cpr_*: steps between priority saves; 0 = a quarter of the interval.
+  # cpr_*: steps between priority saves; 0 = a quarter of the interval, a save skipped while the last one's ranking
+  # and writing (threads beside training) exceed `priority_max_overhead` of the time since it started.
+  config.recovery.priority_every_steps = 0
+  config.recovery.priority_max_overhead = 0.05
   config.recovery.ssu_sample_rate = 0.05  # cpr_ssu: the share of lookups counted.
   # Checkpoints that cost what changed (recovery/incremental.py; Check-N-Run, NSDI 2022): a full baseline, then
   # only the rows written since it, in the background. 'auto': where only the steps change the tables and a full
@@ -564,6 +567,8 @@ def _check_recovery(config: ml_collections.ConfigDict, num_processes: int) -> No
     raise ConfigError(f'recovery.target_pls={recovery.target_pls} must be in (0, 1).')
   if not 0 < recovery.priority_fraction <= 1:
     raise ConfigError(f'recovery.priority_fraction={recovery.priority_fraction} must be in (0, 1].')
+  if not 0 < recovery.priority_max_overhead <= 1:
+    raise ConfigError(f'recovery.priority_max_overhead={recovery.priority_max_overhead} must be in (0, 1].')
   if recovery.priority_max_bytes < 0:
     raise ConfigError(f'recovery.priority_max_bytes={recovery.priority_max_bytes} must be >= 0 (0 = no cap).')
   if not 0 < recovery.ssu_sample_rate <= 1:

@@ -25,6 +25,7 @@ checkpoints them at its own pace, the sync driver couples them, all of them eval
 process 0 writes the metrics and `summary.json`. Every process returns the summary.
 """
 
+from collections.abc import Callable
 import functools
 import pathlib
 import socket
@@ -277,16 +278,21 @@ class BlockDispatcher:
     self._in_flight = None
     self.paused_s = 0.0  # Compiling the K 'auto' chose: no training time.
 
-  def dispatch(self, state_L: Any, step: int, due_steps: list[int | None]) -> tuple[Any, dict, batch_lib.Batch, int]:
-    """(state, metrics, block, steps): the next block from `step`, cut at `due_steps`, dispatched; the block before
-    it done."""
-    steps = self.plan.next_block(step, due_steps)
+  def dispatch(
+    self, state_L: Any, step: int, due_steps: Callable[[int], list[int | None]]
+  ) -> tuple[Any, dict, batch_lib.Batch, int]:
+    """(state, metrics, block, steps): the next block from `step`, cut at `due_steps(step)` (the steps where hooks
+    act next, seen from a step), dispatched; the block before it done. The block after it is read meanwhile, as
+    long as `due_steps` of its first step says it will be: blocks cut short by events every few steps read no
+    more than they train (a CPR run's priority saves every 7 steps had K=64 steps of data read for each)."""
+    steps = self.plan.next_block(step, due_steps(step))
     probing, started = self.plan.probing, time.perf_counter()
     block = self.reader.take(step, steps)
     steps_L = np.full(self._num_local, steps, np.int32)
     state_L, metrics = self._train_block(state_L, *replicas.shard((block, steps_L), self._meshes.local))
     if step + steps < self.plan.stop_step:  # The next block is read while this one trains.
-      self.reader.prefetch(step + steps, min(self.reader.block_steps, self.plan.stop_step - step - steps))
+      ahead = self.plan.peek(step + steps, due_steps(step + steps))
+      self.reader.prefetch(step + steps, min(self.reader.block_steps, ahead))
     # One block in flight, no more (docs/design.md §3): the last one is done before this one's boundary, so a boundary's
     # times are the device's pace and a snapshot or a save waits for one block at most.
     jax.block_until_ready(self._in_flight)
@@ -363,10 +369,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   recovery.start(start_step, state, sync_state)
   if log.logs_between(start_step, stop_step):  # Compiled before the steps, not among the timed ones.
     replicas.replica_divergence.lower(_replicated_part(state.params, config)).compile()
+
+  def hooks_due(at: int) -> list[int | None]:
+    return [driver.next_due(at), recovery.next_due(at), log.next_due(at), delay.next_due(at, start_step)]
+
   step, timed_start, timed_steps, startup_s = start_step, None, 0, None
   try:
     while step < stop_step:
-      hooks_due = [driver.next_due(step), recovery.next_due(step), log.next_due(step), delay.next_due(step, start_step)]
       state, metrics, block, steps = blocks.dispatch(state, step, hooks_due)
       step += steps
       if timed_start is None:  # The first block (one step) compiles: examples/sec counts from its end.

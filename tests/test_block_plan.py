@@ -90,3 +90,22 @@ def test_invalid_steps_per_dispatch_and_a_block_past_the_stop():
 def test_a_block_holds_at_most_a_million_examples_of_the_process(examples_per_step, expected):
   """'auto' never chooses a block past 2^20 of a process's examples (a GPU-sized batch of 16,384: 64 steps)."""
   assert block_plan.max_steps_for(examples_per_step) == expected
+
+
+def test_peek_says_what_the_next_block_will_hold_without_planning_it():
+  """What the loop reads ahead for the block after the current one: cut where that block will be cut (a CPR run's
+  priority saves every 7 steps had K = 64 steps of data read for each block of 7)."""
+  plan = block_plan.BlockPlan('auto', stop_step=100)
+  every_7 = lambda step: block_plan.next_multiple(step, 7)
+  step = 0
+  while step < plan.stop_step:
+    ahead = plan.peek(step, [every_7(step)])
+    assert plan.peek(step, [every_7(step)]) == ahead  # Plans nothing.
+    steps = plan.next_block(step, [every_7(step)])
+    assert steps == ahead
+    if plan.probing:
+      plan.observe(steps, 0.01 + steps * 0.001)
+    step += steps
+  plan = block_plan.BlockPlan(64, stop_step=100)
+  plan.next_block(0)
+  assert plan.peek(1, [7]) == 6 and plan.peek(1) == 64 and plan.peek(90) == 10

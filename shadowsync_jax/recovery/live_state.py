@@ -19,8 +19,10 @@ when complete), the leaves by their tree paths.
 With incremental checkpoints (`use_differentials`) a copy is a differential over the checkpoints' baseline instead
 (`incremental.IncrementalCheckpointer.take`: the rows stamped since it, gathered on the device, and the dense
 leaves), and a restore lays it over that baseline, read or rebuilt. At Criteo Kaggle's size that is tens of MB a
-process rather than 1.1 GB: copied every fraction of a second rather than every ~10 s (a fresher live state), and
-written in a fraction of a second when the process must stop (the whole state took seconds of its restart).
+process rather than 1.1 GB, written in a fraction of a second when the process must stop (the whole state took
+seconds of its restart). Taking one costs a scan of the row stamps on the device, whatever changed (~0.3 s of one
+core for a process's 16.9M Kaggle rows on this project's CPU host: XLA's nonzero): so the first take of each size
+is timed alone, and copies come no more often than `TAKE_SHARE` of the time allows (at most every `LEAST_S`).
 """
 
 from collections.abc import Callable
@@ -34,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from shadowsync_jax.parallel import compilation_cache
 from shadowsync_jax.recovery import incremental
 
 PyTree = Any
@@ -57,6 +60,8 @@ class LiveKeeper:
     self._copies: queue.Queue = queue.Queue(maxsize=1)
     self._differentials: incremental.IncrementalCheckpointer | None = None
     self._size = incremental.bucket(0)  # Changed rows a device a taken differential holds; grows as needed.
+    self._take_s = 0.0  # What a take of `_timed_size` rows cost, timed alone (the compile left out).
+    self._timed_size = 0
     threading.Thread(target=self._to_host, name='live-state', daemon=True).start()
 
   def use_differentials(self, checkpointer: incremental.IncrementalCheckpointer) -> None:
@@ -80,9 +85,25 @@ class LiveKeeper:
     if self._differentials is None:
       self._copies.put_nowait((step, _copy(tree())))
     else:
-      taken = self._differentials.take(step, tree(), self._size)
+      taken = self._take(step, tree())
       if taken is not None:  # (None: no complete baseline yet; the next boundary tries again.)
         self._copies.put_nowait(taken)
+
+  def _take(self, step: int, tree: PyTree) -> incremental.TakenDifferential | None:
+    """A differential of `tree` taken on the device; the first of its size is timed alone, its compile left out
+    (the block in flight waited for first: a stall once a size), and sets the pace (`TAKE_SHARE`)."""
+    size = self._size
+    if size == self._timed_size:
+      return self._differentials.take(step, tree, size)
+    jax.block_until_ready(tree)
+    started = time.perf_counter()
+    with compilation_cache.compiling() as compiled:
+      taken = self._differentials.take(step, tree, size)
+      if taken is not None:
+        jax.block_until_ready((taken.ids_LxM, taken.counts_L, taken.rows, taken.dense))
+    if taken is not None:
+      self._take_s, self._timed_size = max(0.0, time.perf_counter() - started - compiled.seconds), size
+    return taken
 
   def save(self, step: int, tree: PyTree) -> int:
     """Writes `tree` (ready to read: the training thread at a step boundary); returns its step."""
@@ -129,7 +150,7 @@ class LiveKeeper:
         if host is None:  # More rows changed than it held: the next one holds them.
           continue
         self._differentials.hold(copy.baseline)  # Kept on disk while this copy may be written.
-        self._every_s = _pace(sum(leaf.nbytes for leaf in host.values()), DIFFERENTIAL_BYTES_PER_S)
+        self._every_s = max(_pace(sum(leaf.nbytes for leaf in host.values())), self._take_s / TAKE_SHARE)
       else:
         step, host = copy[0], _flatten(jax.device_get(copy[1]))
       with self._lock:
@@ -147,9 +168,10 @@ class LiveKeeper:
 
 
 COPY_BYTES_PER_S = 1e8  # About 1% of one core's memory bandwidth.
-# A differential costs several times a copy a byte (the stamps scanned, the rows gathered, then copied): at the
-# pace of whole ones (a copy every ~0.5 s at Criteo Kaggle's size) a partial-recovery run stepped 3x slower.
-DIFFERENTIAL_BYTES_PER_S = 1e7
+# Differentials: their takes at most this share of the time. Their stamp scans cost the same whatever changed, and
+# a take every ~0.5 s at Criteo Kaggle's size stepped a partial-recovery run 1.4x slower (0.081 s against 0.057 s a
+# step without copies, 2 processes x 4 devices, one core each).
+TAKE_SHARE = 0.05
 LEAST_S = 0.1
 
 

@@ -29,7 +29,10 @@ and ranks them. It gathers the rows on the device (dispatched, not waited for: a
 the table) and hands them to the writer,
 which copies them to the host and writes `DIR/<step>.npz` (a temporary file renamed when complete: a process
 killed mid-write leaves the previous save). The training thread is blocked only for hand-overs, and while a
-thread is behind. Not orbax: its CheckpointManager is not safe to drive
+thread is behind. With `max_overhead`, a save is due (`due`) only once the last one's ranking and writing, timed in
+their threads, are that share of the time since it started: on a host whose cores the training shares (a process
+pinned to one core), priority saves every few steps at Criteo Kaggle's size kept these threads busy without pause
+and stepped the run 1.5x slower than counting alone. Not orbax: its CheckpointManager is not safe to drive
 from a second thread while the training thread saves (concurrent saves were seen to time out on its process-wide
 signalling), and its per-save bookkeeping blocks the caller 15-60 ms here, more than writing a few thousand rows.
 An error in a thread is raised by the next call. The directory is emptied when a saver is made: saves of an
@@ -49,6 +52,7 @@ import os
 import pathlib
 import queue
 import threading
+import time
 from typing import Any, NamedTuple
 
 import jax
@@ -67,7 +71,8 @@ def fixed_size_top_rows(counts_V: np.ndarray, num_rows: int) -> np.ndarray:
   counts_V = np.asarray(counts_V)
   top = row_usage.top_rows(counts_V, min(1.0, (num_rows + 0.5) / counts_V.shape[0]))  # floor(): num_rows
   if top.shape[0] < num_rows:
-    unused = np.setdiff1d(np.arange(counts_V.shape[0], dtype=np.int32), top, assume_unique=True)
+    # The lowest unused ids lie below num_rows: at most len(top) ids there are used.
+    unused = np.setdiff1d(np.arange(min(num_rows, counts_V.shape[0]), dtype=np.int32), top, assume_unique=True)
     top = np.sort(np.concatenate([top, unused[: num_rows - top.shape[0]]])).astype(np.int32)
   return top
 
@@ -153,9 +158,11 @@ class PrioritySaver:
     shards: HeldShards | None = None,
     max_bytes: int = 0,
     bytes_per_row: int = 0,
+    max_overhead: float = 0.0,
   ):
     """`max_bytes` (0: no cap) bounds a save's rows at `bytes_per_row` each (a row of every table leaf saved, over
-    every replica or shard held): K = min(floor(fraction * V), max_bytes // bytes_per_row)."""
+    every replica or shard held): K = min(floor(fraction * V), max_bytes // bytes_per_row). `max_overhead` (0: none)
+    is the share of the time the saves' threads may take (`due`)."""
     self.num_rows = int(sum(cardinalities))
     self._shards = shards
     rows_ranked = self.num_rows if shards is None else shards.layout.rows_per_shard
@@ -174,6 +181,9 @@ class PrioritySaver:
     for stale in self._directory.glob('*.npz*'):
       stale.unlink()
     self._max_to_keep = max_to_keep
+    self._max_overhead = max_overhead
+    self._started = -float('inf')  # When the last save started (monotonic seconds).
+    self._cost_s = 0.0  # Its ranking and writing, timed in the threads (written there).
     self._uncounted: list[np.ndarray] = []
     self._ranked: futures.Future | None = None
     self._counter = _Worker('lookup-counter', self._count, max_pending=4)
@@ -190,6 +200,7 @@ class PrioritySaver:
     """Starts saving the top rows of `rows` (leaves [R, V, ...]), ranked on the counts of the previous save (on all
     counts so far at the first save); returns their ids ([K]; with `shards`, [L, K] local rows of each shard)."""
     self._hand_over()
+    self._started, self._cost_s = time.monotonic(), 0.0
     if self._ranked is None:
       self._counter.join()
       rows_K = self._top_rows()
@@ -205,9 +216,21 @@ class PrioritySaver:
     return rows_K
 
   def writing(self) -> bool:
-    """Whether the last save is still being written (or its rows ranked): a save started now would wait for it, so
-    the loop skips it (`recovery.real`: a priority save never piles up behind the one before)."""
+    """Whether the last save is still being written (or its rows ranked): a save started now would wait for it."""
     return self._writer.busy() or (self._ranked is not None and not self._ranked.done())
+
+  @property
+  def last_cost_s(self) -> float:
+    """The last save's ranking and writing, timed in the threads (so far, if it is not done)."""
+    return self._cost_s
+
+  def due(self) -> bool:
+    """Whether a save may start now: the last one is written and its rows ranked, and its cost is within
+    `max_overhead` of the time since it started. The loop skips a save that is not (`recovery.real`): a priority save
+    never piles up behind the one before."""
+    if self.writing():
+      return False
+    return not self._max_overhead or time.monotonic() - self._started >= self._cost_s / self._max_overhead
 
   def _top_rows(self) -> np.ndarray:
     """The rows the next save takes: the most counted ones, [K]; with `shards`, each shard's own, [L, K]."""
@@ -242,7 +265,10 @@ class PrioritySaver:
 
   def _count(self, batches: list[np.ndarray] | futures.Future) -> None:
     if isinstance(batches, futures.Future):  # A request to rank the counts so far.
-      batches.set_result(self._top_rows())
+      started = time.perf_counter()
+      rows_K = self._top_rows()
+      self._cost_s += time.perf_counter() - started
+      batches.set_result(rows_K)
       return
     row_ids = np.concatenate([np.asarray(ids).reshape(-1, ids.shape[-1]) for ids in batches]) + self._offsets_T
     if self._shards is not None:
@@ -255,6 +281,8 @@ class PrioritySaver:
 
   def _write(self, request: tuple[int, np.ndarray, dict[str, jax.Array]]) -> None:
     step, rows_K, values = request
+    jax.block_until_ready(values)  # Behind the block in flight: waiting for it is not this save's cost.
+    started = time.perf_counter()
     path = self._directory / f'{step}.npz'
     temporary = path.with_suffix('.npz.tmp')
     with open(temporary, 'wb') as file:
@@ -264,6 +292,7 @@ class PrioritySaver:
     os.replace(temporary, path)
     for old in self._saved_steps()[: -self._max_to_keep]:
       (self._directory / f'{old}.npz').unlink()
+    self._cost_s += time.perf_counter() - started
 
 
 def read_latest(directory: str | pathlib.Path) -> tuple[int, np.ndarray, dict[str, np.ndarray]] | None:

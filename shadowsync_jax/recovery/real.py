@@ -260,14 +260,14 @@ class RealFailures:
     elif (self._interval and step % self._interval == 0) or self._save_due_by_time():
       self._save(step, state_L, self._local(driver.sync_state()))
     elif self._saver is not None and step % self._priority_interval() == 0:
-      if self._saver.writing():  # The last one is still being written: skipped, never queued behind it.
+      if not self._saver.due():  # The last one is still being written, or its cost is over budget: skipped.
         history.append(
           self._workdir, self._writer, {'event': 'priority_skipped', 'step': step, 'process': self._process}
         )
       else:
-        started = time.perf_counter()
+        started, threads_s = time.perf_counter(), self._saver.last_cost_s  # The save before: done (`due`).
         self._saver.save(step, restore.row_leaves(state_L))
-        self._saved_for(step, 'priority', time.perf_counter() - started)
+        self._saved_for(step, 'priority', time.perf_counter() - started, previous_threads_s=threads_s)
     if self._unconfirmed is not None and not self._checkpointer.saving():
       record = {'event': 'saved', 'generation': self._generation, 'process': self._process}
       history.append(self._workdir, self._writer, {**record, 'step': self._unconfirmed, 'complete': self._unconfirmed})
@@ -570,6 +570,7 @@ class RealFailures:
       shards=shards,
       max_bytes=recovery.priority_max_bytes,
       bytes_per_row=restore.bytes_per_row(state_L),
+      max_overhead=0.0 if recovery.priority_every_steps else recovery.priority_max_overhead,
     )
 
   def _priority_directory(self) -> pathlib.Path:

@@ -233,7 +233,7 @@ class _Loop:
     """`steps` steps (with `driver.at_boundary` after each block, if given); returns their examples/sec."""
     start, end = time.perf_counter(), self._step + steps
     while self._step < end:
-      due = [end, driver.next_due(self._step) if driver is not None else None]
+      due = lambda at, end=end: [end, driver.next_due(at) if driver is not None else None]
       self.state, _, _, n = self._blocks.dispatch(self.state, self._step, due)
       self._step += n
       if driver is not None:

@@ -1,6 +1,7 @@
 """CPR's priority saves: counts against bincount, the rows each save takes, what comes back from disk."""
 
 import threading
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -143,4 +144,27 @@ def test_a_save_still_being_written_says_so_and_the_loop_skips_the_next(tmp_path
   release.set()
   saver.wait()
   assert not saver.writing() and saver.latest()[0] == 1
+  saver.close()
+
+
+def test_a_save_is_due_once_its_threads_took_at_most_the_share_of_the_time_since_it_started(tmp_path):
+  """`max_overhead`: the ranking and writing of the last save (timed in their threads) over the time since it
+  started must be within the share before the next one is due; 0 = whenever the last one is written."""
+  rows = {'table': jnp.zeros((1, 260, 3), jnp.float32)}
+  for share, due_after_wait in ((0.0, True), (1e-12, False)):
+    saver = priority_rows.PrioritySaver(
+      tmp_path / str(share), CARDINALITIES, fraction=0.1, sample_rate=None, seed=0, max_overhead=share
+    )
+    assert saver.due()
+    saver.save(1, rows)
+    saver.wait()
+    assert saver.last_cost_s > 0 and saver.due() is due_after_wait
+    saver.close()
+  saver = priority_rows.PrioritySaver(
+    tmp_path / 'half', CARDINALITIES, fraction=0.1, sample_rate=None, seed=0, max_overhead=0.5
+  )
+  saver.save(1, rows)
+  saver.wait()
+  time.sleep(2 * saver.last_cost_s)
+  assert saver.due()
   saver.close()
