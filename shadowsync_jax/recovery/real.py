@@ -73,6 +73,7 @@ from shadowsync_jax.recovery import restore
 
 PyTree = Any
 CALIBRATION_STEPS = 20  # Steps timed before a measured save cost sets an interval (and `cpr` chooses).
+RECALIBRATE_EVERY = 8  # Full recovery's interval again from the mean blocking of a start's checkpoints, so often.
 LIVE_MODES = (*modes.PARTIAL_MODES, 'cpr')  # Whose survivors keep their live state.
 _PER_PROCESS_CHECKPOINT_KEYS = (
   'checkpoint_saves',
@@ -128,7 +129,7 @@ class RealFailures:
     self._step_s: float | None = None  # This start's mean step time without its saves (`finish`).
     self._restored: dict[str, Any] = {}
     self._last_save_s = 0.0  # When `_save` last started.
-    self._recalibrated = False  # Full recovery's interval from a differential's cost (`_recalibrate`), this start.
+    self._save_costs: list[float] = []  # This start's checkpoints' blocking, compiles left out (`_recalibrate`).
 
   # The restart plan.
 
@@ -469,19 +470,20 @@ class RealFailures:
         history.append(self._workdir, 'process_0', {'event': 'cpr_choice', 'choice': self._choice._asdict()})
 
   def _recalibrates(self) -> bool:
-    """Whether full recovery's interval is still the one calibrated on a whole save, with incremental ones now."""
-    if self.mode != 'full' or self._config.recovery.checkpoint_every_steps or self._recalibrated:
+    """Whether full recovery's own interval is due to be computed again: every `RECALIBRATE_EVERY` checkpoints of a
+    start (the same saves on every process: they save at the same steps)."""
+    if self.mode != 'full' or self._config.recovery.checkpoint_every_steps or not self._interval:
       return False
-    calibrated = history.latest(self._workdir, 'calibration')
-    self._recalibrated = calibrated is None or bool(calibrated.get('differential'))  # Asked once a start.
-    return not self._recalibrated
+    return len(self._save_costs) % RECALIBRATE_EVERY == 0
 
   def _recalibrate(self, blocking_s: float) -> None:
-    """Young's interval again from the first differential's cost (the calibration measured a baseline, a whole
-    save, many times a differential's): one exchange at this common save step; process 0 writes it down."""
-    self._recalibrated = True
-    measured = {'save_s': blocking_s, 'step_s': self._mean_step_s(self._saved[-1])}
-    costs = distributed.exchange('recalibration', measured)
+    """Young's interval again from the mean blocking of this start's checkpoints, `blocking_s`: the calibration's
+    one save cannot stand for them (it comes early, when few rows changed, with a restart's standby starting beside
+    it; differentials grow with the interval, and a baseline now and then blocks seconds). One exchange at this
+    common save step; process 0 writes it down."""
+    step = self._saved[-1]
+    measured = {'save_s': blocking_s, 'step_s': self._mean_step_s(step)}
+    costs = distributed.exchange(f'recalibration/{step}', measured)  # A name a start uses once.
     worst = {key: max(c[key] or 0.0 for c in costs) for key in measured}
     if not worst['step_s']:
       return
@@ -489,8 +491,9 @@ class RealFailures:
       worst['save_s'] / worst['step_s'], self._config.recovery.mtbf_steps, self._total_steps
     )
     if self._process == 0:
-      record = {'event': 'calibration', 'interval': self._interval, 'costs': worst, 'differential': True}
-      history.append(self._workdir, 'process_0', record)
+      incremental = self._checkpointer.last_save.get('kind') in ('differential', 'baseline')
+      record = {'event': 'calibration', 'interval': self._interval, 'costs': worst, 'differential': incremental}
+      history.append(self._workdir, 'process_0', {**record, 'step': step, 'saves': len(self._save_costs)})
 
   # Saves.
 
@@ -520,8 +523,9 @@ class RealFailures:
     self._saved_for(step, 'checkpoint', time.perf_counter() - started, complete=self._newest_complete(step), **written)
     self._saved.append(step)
     self._unconfirmed = step  # Written down as complete once written (`at_boundary`).
-    if written['written'] == 'differential' and self._recalibrates():
-      self._recalibrate(time.perf_counter() - started - compiled.seconds)  # Its gather compiled once a run.
+    self._save_costs.append(time.perf_counter() - started - compiled.seconds)  # A gather compiles once a start.
+    if self._recalibrates():
+      self._recalibrate(sum(self._save_costs) / len(self._save_costs))
     if self.mode == 'full' or self._lock_step:  # Drop what no consistent cut can need any more.
       oldest_needed = min([self._saved[-2] if len(self._saved) > 1 else 0] + self._peer_checkpoints())
       self._checkpointer.delete_before(oldest_needed)

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from shadowsync_jax.parallel import history
+from shadowsync_jax.recovery import real
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 600  # Only reached when something hangs.
@@ -262,30 +263,35 @@ def test_a_restart_that_finds_a_checkpoint_truncated_stops_naming_it(tmp_path, k
   assert '[launch] FAILED: process 1 cannot restore what its restart needs' in output
 
 
-def test_full_recovery_with_incremental_checkpoints_calibrates_its_interval_on_a_differential(tmp_path):
+def test_full_recovery_calibrates_its_interval_on_a_differential_then_on_the_mean_of_its_saves(tmp_path):
   """The calibration's save is already a differential (over the initial state: nothing whole is written first), so
-  Young's interval comes from a differential's cost once, on every process alike (one exchange), and every later
-  save keeps it."""
+  Young's interval comes from a differential's cost, on every process alike (one exchange); every
+  `RECALIBRATE_EVERY` checkpoints it is computed again from their mean blocking (one exchange each, a name each),
+  and every save falls on the interval then in force."""
   code, output = _launch(
     tmp_path,
     *_SHARDED_FR_MA,
     '--config.recovery.mode=full',
     '--config.recovery.checkpoint_every_steps=0',  # Calibrated.
-    '--config.recovery.mtbf_steps=30',
+    '--config.recovery.mtbf_steps=2',  # Short intervals: enough saves for a recalibration in the tiny run.
     '--config.recovery.incremental=true',
     '--config.recovery.rebaseline_fraction=1000',
     launcher_flags=('--max_restarts=0',),
   )
   assert code == 0, output[-3000:]
   calibrations = [r for r in history.read(tmp_path) if r.get('event') == 'calibration']
-  assert len(calibrations) == 1 and calibrations[0]['differential'], calibrations
-  interval = calibrations[0]['interval']
+  assert len(calibrations) >= 2 and all(c['differential'] for c in calibrations), calibrations
+  assert [c['saves'] for c in calibrations[1:]] == [
+    real.RECALIBRATE_EVERY * (i + 1) for i in range(len(calibrations) - 1)
+  ], calibrations
   saves = [r for r in history.read(tmp_path) if r.get('event') == 'save']
   assert {r['written'] for r in saves if r['kind'] == 'checkpoint'} == {'differential'}, saves
-  calibrated_at = next(r['step'] for r in saves if r['kind'] == 'calibration')
-  later = [r['step'] for r in saves if r['kind'] == 'checkpoint' and r['step'] < STEPS]
-  assert later and all(step > calibrated_at and step % interval == 0 for step in later), (later, interval)
-  assert summary_of(tmp_path)['checkpoint_interval_steps'] == interval
+  checkpoints = [r['step'] for r in saves if r['kind'] == 'checkpoint' and r['process'] == 0 and r['step'] < STEPS]
+  for calibration, after in zip(calibrations, calibrations[1:] + [{'step': STEPS}]):
+    start = calibration.get('step') or next(r['step'] for r in saves if r['kind'] == 'calibration')
+    steps = [step for step in checkpoints if start < step <= after['step']]
+    assert steps and all(step % calibration['interval'] == 0 for step in steps), (steps, calibration)
+  assert summary_of(tmp_path)['checkpoint_interval_steps'] == calibrations[-1]['interval']
 
 
 def summary_of(workdir: pathlib.Path) -> dict:
