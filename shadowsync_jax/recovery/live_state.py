@@ -22,7 +22,7 @@ leaves), and a restore lays it over that baseline, read or rebuilt. At Criteo Ka
 process rather than 1.1 GB, written in a fraction of a second when the process must stop (the whole state took
 seconds of its restart). Taking one costs a scan of the row stamps on the device, whatever changed (~0.3 s of one
 core for a process's 16.9M Kaggle rows on this project's CPU host: XLA's nonzero): so the first take of each size
-is timed alone, and copies come no more often than `TAKE_SHARE` of the time allows (at most every `LEAST_S`).
+is timed alone, and copies come no more often than `max_overhead` of the time allows (at most every `LEAST_S`).
 """
 
 from collections.abc import Callable
@@ -50,10 +50,13 @@ def _copy(tree: PyTree) -> PyTree:
 class LiveKeeper:
   """This process's live state: host copies in memory, and the one written when the process must stop."""
 
-  def __init__(self, directory: str | pathlib.Path, every_s: float = 1.0):
+  def __init__(self, directory: str | pathlib.Path, every_s: float = 1.0, max_overhead: float = 0.05):
+    """`every_s`: seconds between whole copies (`pace_for` sets it by their size); `max_overhead`: the share of
+    the time differentials' takes may cost (`use_differentials`)."""
     self.directory = pathlib.Path(directory)
     self.directory.mkdir(parents=True, exist_ok=True)
     self._every_s = every_s
+    self._max_overhead = max_overhead
     self._last_copy = -float('inf')
     self._latest: tuple[int, dict[str, np.ndarray]] | None = None  # (step, host leaves by path)
     self._lock = threading.Lock()
@@ -91,7 +94,7 @@ class LiveKeeper:
 
   def _take(self, step: int, tree: PyTree) -> incremental.TakenDifferential | None:
     """A differential of `tree` taken on the device; the first of its size is timed alone, its compile left out
-    (the block in flight waited for first: a stall once a size), and sets the pace (`TAKE_SHARE`)."""
+    (the block in flight waited for first: a stall once a size), and sets the pace (`max_overhead`)."""
     size = self._size
     if size == self._timed_size:
       return self._differentials.take(step, tree, size)
@@ -150,7 +153,7 @@ class LiveKeeper:
         if host is None:  # More rows changed than it held: the next one holds them.
           continue
         self._differentials.hold(copy.baseline)  # Kept on disk while this copy may be written.
-        self._every_s = max(_pace(sum(leaf.nbytes for leaf in host.values())), self._take_s / TAKE_SHARE)
+        self._every_s = max(_pace(sum(leaf.nbytes for leaf in host.values())), self._take_s / self._max_overhead)
       else:
         step, host = copy[0], _flatten(jax.device_get(copy[1]))
       with self._lock:
@@ -168,10 +171,6 @@ class LiveKeeper:
 
 
 COPY_BYTES_PER_S = 1e8  # About 1% of one core's memory bandwidth.
-# Differentials: their takes at most this share of the time. Their stamp scans cost the same whatever changed, and
-# a take every ~0.5 s at Criteo Kaggle's size stepped a partial-recovery run 1.4x slower (0.081 s against 0.057 s a
-# step without copies, 2 processes x 4 devices, one core each).
-TAKE_SHARE = 0.05
 LEAST_S = 0.1
 
 

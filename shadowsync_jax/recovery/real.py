@@ -113,7 +113,9 @@ class RealFailures:
     self._checkpointer: checkpointing.Checkpointer | incremental.IncrementalCheckpointer | None = None  # `resume`.
     self._live = None
     if self.requested_mode in LIVE_MODES:
-      self._live = live_state.LiveKeeper(self._workdir / 'live' / self._writer)  # Its copy rate: set in `start`.
+      self._live = live_state.LiveKeeper(  # Its copy rate: set in `start`.
+        self._workdir / 'live' / self._writer, max_overhead=config.recovery.live_max_overhead
+      )
     self._interval = self._configured_interval()
     # Seconds between checkpoints, where every process must save at the same steps: turned into steps once timed.
     self._seconds_need_steps = bool(
