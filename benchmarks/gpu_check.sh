@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, prepared to run in one go when a session is lent a GPU machine (BUILD.md, "Run on a GPU"): the
-# synthetic stream read by 1-12 readers, the loop benchmark, the README's default job and Criteo Kaggle's
-# GPU-sized variant on the synthetic stream, with the GPU's
+# synthetic stream generated on the device and on the host, the loop benchmark, the README's default job (its
+# stream generated on the device, 'auto', and on the host) and Criteo Kaggle's GPU-sized variant, with the GPU's
 # utilization sampled by nvidia-smi every 0.2 s and read per phase. Everything lands in $OUT (default /tmp/gpu_check):
 # each phase's output, smi.csv, phases.txt and summary.txt (the GPU's mean utilization while each phase trained).
 #
@@ -28,33 +28,36 @@ phase() {  # phase NAME SECONDS COMMAND...: runs COMMAND, its output in $OUT/NAM
   echo "$name end $(date +%s.%N) exit $?" >>"$OUT/phases.txt"
 }
 
-phase reader 60 "$PYTHON" - <<'READER'
-# How fast blocks of the synthetic stream are read by 1..12 readers (data.readers), processes and threads.
+phase generator 60 "$PYTHON" - <<'GENERATOR'
+# How fast the synthetic stream is made: on the device (data.generator='device') and by one host process.
 import time
+import jax
 from experiments.configs import criteo_kaggle, default
-from shadowsync_jax.data import input_pipeline, readers
-input_pipeline.pin_blas_threads()
+from shadowsync_jax.data import synthetic, synthetic_device
 for name, make in (('default', default.get_config), ('kaggle', criteo_kaggle.get_config)):
-  config = make()
-  config.data.source, config.data.num_train_examples, config.data.num_eval_examples = 'synthetic', 1 << 26, 16384
-  source, _ = input_pipeline.make_sources(config.data, 0)
-  for kind, count in (('threads', 4), ('processes', 1), ('processes', 4), ('processes', 8), ('processes', 12)):
-    side_by_side = readers.make(source, count, processes=kind == 'processes') if count > 1 else readers.Serial(source)
-    side_by_side.read_range(0, 1 << 19)  # Starts the processes.
+  cardinalities = tuple(make().data.cardinalities)
+  source = synthetic.SyntheticSource(synthetic.SyntheticSpec(cardinalities=cardinalities))
+  generator = synthetic_device.DeviceGenerator(source)
+  for count in (1 << 14, 1 << 20):
+    jax.block_until_ready(generator(0, count))
     started = time.perf_counter()
-    for block in range(1, 5):
-      side_by_side.read_range(block << 19, 1 << 19)
-    print(f'{name}: {count} reader {kind}: {4 * (1 << 19) / (time.perf_counter() - started):,.0f} examples/s',
+    for block in range(1, 6):
+      jax.block_until_ready(generator(block * count, count))
+    print(f'{name}: on the device, blocks of {count}: {5 * count / (time.perf_counter() - started):,.0f} examples/s',
           flush=True)
-    side_by_side.close()
-READER
-[[ ${PHASES:-} == quick ]] || phase loop 240 "$PYTHON" -m benchmarks.loop --repeats=2 --default_examples=4000000 --kaggle_examples=1000000 --nojob \
-  --out="$OUT/loop.md" --root=/tmp/gpu_check_loop
-phase default 90 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_default
-phase kaggle_gpu 150 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_kaggle_gpu \
+  started = time.perf_counter()
+  source.read(0, 1 << 18)
+  print(f'{name}: one host process: {(1 << 18) / (time.perf_counter() - started):,.0f} examples/s', flush=True)
+GENERATOR
+phase default 60 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_default
+phase kaggle_gpu 120 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_kaggle_gpu \
   --config=experiments/configs/criteo_kaggle.py:gpu --config.data.source=synthetic \
   --config.data.num_train_examples=${KAGGLE_EXAMPLES:-20000000} --config.data.num_eval_examples=262144
+phase default_host 60 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_default_host --config.data.generator=host
+[[ ${PHASES:-} == quick ]] || phase loop 180 "$PYTHON" -m benchmarks.loop --repeats=1 --default_examples=4000000 --kaggle_examples=1000000 --nojob \
+  --out="$OUT/loop.md" --root=/tmp/gpu_check_loop
 kill $SMI 2>/dev/null
+for name in default default_host kaggle_gpu; do cp "/tmp/gpu_check_$name/summary.json" "$OUT/${name}_summary.json" 2>/dev/null; done
 
 "$PYTHON" - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
 import datetime, pathlib, sys

@@ -126,6 +126,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Whether they are processes (a GIL each; the source sent to them once) or threads; 'auto': processes where the
   # source can be sent (the synthetic stream), threads elsewhere. Typed `object`: True, False or 'auto'.
   config.data.reader_processes = ml_collections.FieldReference('auto', field_type=object)
+  # synthetic: where the training stream's blocks are made: 'device' (generated inside jitted code on the devices
+  # that train them: data/synthetic_device.py), 'host' (the readers above) or 'auto': 'device' on accelerators,
+  # 'host' on CPU (where the device is the host's cores, and the readers run beside the steps).
+  config.data.generator = 'auto'
 
   config.model = ml_collections.ConfigDict()
   config.model.embedding_dim = 16  # D: width of every embedding row; the bottom MLP ends at D.
@@ -414,6 +418,13 @@ def _check_data_source(data: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"data.readers={readers!r} must be 'auto' or an integer >= 1.")
   if data.reader_processes not in ('auto', True, False):
     raise ConfigError(f"data.reader_processes={data.reader_processes!r} must be 'auto', True or False.")
+  if data.generator not in ('auto', 'host', 'device'):
+    raise ConfigError(f"data.generator={data.generator!r} must be 'auto', 'host' or 'device'.")
+  if data.generator == 'device' and data.source != 'synthetic':
+    raise ConfigError(
+      f"data.generator='device' makes the synthetic stream; data.source={data.source!r} is read on "
+      "the host (data.generator='auto' or 'host')."
+    )
   if data.source not in DATA_SOURCES:
     raise ConfigError(f'data.source={data.source!r} is not one of {", ".join(DATA_SOURCES)}.')
   if data.source == 'criteo':

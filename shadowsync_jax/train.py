@@ -44,6 +44,8 @@ from shadowsync_jax import config as config_lib
 from shadowsync_jax.data import batch as batch_lib
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.data import readers as readers_lib
+from shadowsync_jax.data import synthetic
+from shadowsync_jax.data import synthetic_device
 from shadowsync_jax.gba import emulated as gba_emulated
 from shadowsync_jax.gba import processes as gba_processes
 from shadowsync_jax.metrics import evaluation
@@ -248,6 +250,14 @@ def steps_per_dispatch(config: ml_collections.ConfigDict) -> int | str:
   return 1 if shadow_thread else config.train.steps_per_dispatch
 
 
+def generates_on_device(config: ml_collections.ConfigDict) -> bool:
+  """`data.generator`: whether the synthetic stream's blocks are generated on the devices that train them ('auto':
+  on accelerators; on CPU the host's readers run beside the steps)."""
+  if config.data.generator == 'auto':
+    return config.data.source == 'synthetic' and jax.default_backend() != 'cpu'
+  return config.data.generator == 'device'
+
+
 def _steps_are_collective(config: ml_collections.ConfigDict) -> bool:
   """Whether every step is a collective of the job: sync SGD's gradient mean, sharded tables' lookups."""
   return config.sync.algorithm == 'sync_sgd' or config.sync.embedding_placement == 'sharded'
@@ -265,15 +275,29 @@ class BlockDispatcher:
     first = jax.process_index() * self._num_local
     max_steps = block_plan.max_steps_for(self._num_local * config.batch_size)
     self.plan = block_plan.BlockPlan(steps_per_dispatch(config), stop_step, max_steps)
-    self.reader = input_pipeline.BlockReader(
-      source,
-      config.num_replicas,
-      config.batch_size,
-      self.plan.block_steps,
-      replicas=range(first, first + self._num_local),
-      readers=readers_lib.count(config.data.readers),
-      processes=config.data.reader_processes,
-    )
+    local_replicas = range(first, first + self._num_local)
+    if generates_on_device(config) and isinstance(getattr(source, 'source', None), synthetic.SyntheticSource):
+      generator = synthetic_device.DeviceGenerator(source.source)
+      self.reader = synthetic_device.DeviceBlockReader(
+        generator,
+        config.num_replicas,
+        config.batch_size,
+        self.plan.block_steps,
+        local_replicas,
+        meshes.local,
+        replicas.REPLICA_AXIS,
+        offset=source.offset,
+      )
+    else:
+      self.reader = input_pipeline.BlockReader(
+        source,
+        config.num_replicas,
+        config.batch_size,
+        self.plan.block_steps,
+        replicas=local_replicas,
+        readers=readers_lib.count(config.data.readers),
+        processes=config.data.reader_processes,
+      )
     self._train_block = make_train_block(config, meshes)
     self._in_flight = None
     self.paused_s = 0.0  # Compiling the K 'auto' chose: no training time.
