@@ -81,7 +81,7 @@ class DeviceGenerator:
     guide_low, guide_high = _guide_bounds(zipf)
     self._search_steps = math.ceil(math.log2(int((guide_high - guide_low).max()) + 1))
     self._slope = float(zipf._slope)  # pylint: disable=protected-access
-    with jax.enable_x64(True):
+    with _x64():
       f64 = lambda x: jnp.asarray(np.asarray(x, np.float64))
       i64 = lambda x: jnp.asarray(np.asarray(x, np.int64))
       self._tables = {
@@ -114,7 +114,7 @@ class DeviceGenerator:
 
   def with_probability(self, start: int, count: int) -> tuple[Batch, jax.Array]:
     """Examples [start, start + count) and the teacher's click probabilities (float32), on the default device."""
-    with jax.enable_x64(True):
+    with _x64():
       return self._read(jnp.int64(start), count)
 
   def _examples_from(self, start, count: int):
@@ -303,7 +303,7 @@ class DeviceBlockReader:
     self._pending: tuple[int, int, int, Batch] | None = None
 
   def _generate(self, first_step: int, num_steps: int) -> Batch:
-    with jax.enable_x64(True):
+    with _x64():
       return self._block(jnp.int64(first_step), jnp.int64(num_steps), self.block_steps)
 
   def prefetch(self, first_step: int, num_steps: int) -> None:
@@ -321,6 +321,12 @@ class DeviceBlockReader:
 
   def close(self) -> None:
     self._pending = None
+
+
+def _x64():
+  """64-bit types inside the block: `jax.enable_x64` (a context manager since jax 0.7), or its older name."""
+  enable = getattr(jax, 'enable_x64', None)
+  return enable(True) if enable is not None else jax.experimental.enable_x64()  # pylint: disable=no-member
 
 
 def _guide_bounds(zipf: zipf_lib.ZipfTables) -> tuple[np.ndarray, np.ndarray]:
