@@ -7,6 +7,7 @@
 #
 #   OUT=/tmp/gpu_check bash benchmarks/gpu_check.sh [python]
 #   PHASES=quick KAGGLE_EXAMPLES=4000000 OUT=... bash benchmarks/gpu_check.sh   # no loop benchmark, a shorter run
+#   HOST=1 ...: also the default job with its stream made on the host (data.generator=host)
 #
 # The python to use is the first argument (default: python). Each phase has a time limit, so that one that hangs
 # leaves time for the rest; a phase that fails is said in summary.txt and the next one runs.
@@ -53,11 +54,14 @@ phase default 60 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_default
 phase kaggle_gpu 120 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_kaggle_gpu \
   --config=experiments/configs/criteo_kaggle.py:gpu --config.data.source=synthetic \
   --config.data.num_train_examples=${KAGGLE_EXAMPLES:-20000000} --config.data.num_eval_examples=262144
-phase default_host 60 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_default_host --config.data.generator=host
-[[ ${PHASES:-} == quick ]] || phase loop 180 "$PYTHON" -m benchmarks.loop --repeats=1 --default_examples=4000000 --kaggle_examples=1000000 --nojob \
+[[ ${HOST:-} == 1 ]] && phase default_host 60 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_default_host \
+  --config.data.generator=host
+phase default_long 90 "$PYTHON" -m experiments.train --workdir=/tmp/gpu_check_default_long \
+  --config.data.num_train_examples=40000000
+[[ ${PHASES:-} == quick ]] || phase loop 180 "$PYTHON" -m benchmarks.loop --repeats=1 --default_examples=8000000 --kaggle_examples=2000000 --nojob \
   --out="$OUT/loop.md" --root=/tmp/gpu_check_loop
 kill $SMI 2>/dev/null
-for name in default default_host kaggle_gpu; do cp "/tmp/gpu_check_$name/summary.json" "$OUT/${name}_summary.json" 2>/dev/null; done
+for name in default default_host default_long kaggle_gpu; do cp "/tmp/gpu_check_$name/summary.json" "$OUT/${name}_summary.json" 2>/dev/null; done
 
 "$PYTHON" - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
 import datetime, pathlib, sys

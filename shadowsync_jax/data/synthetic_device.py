@@ -38,6 +38,9 @@ _GOLDEN_GAMMA = 0x9E3779B97F4A7C15
 _MIX_1 = 0xBF58476D1CE4E5B9
 _MIX_2 = 0x94D049BB133111EB
 _TWO_32 = 2**32
+# Steps of the tail rank's check against D(k) after the float64 inverse CDF. The host loops until none moves; the
+# inverse is within one rank of D's (a half-draw rounding), so one step suffices; the second is a margin.
+_TAIL_FIX_STEPS = 2
 
 
 def splitmix64(counter, key: int):
@@ -194,8 +197,9 @@ class DeviceGenerator:
     return jnp.clip(start + jnp.ceil((_TWO_32 - start) * cdf - 0.5).astype(jnp.int64), start, _TWO_32)
 
   def _tail_ranks(self, tables, draw):
-    """`ZipfTables._tail_ranks`: G's inverse, then steps of the check against D until every rank holds its draw (as
-    the host's loop). Returns the ranks and P(rank), the width of their draw interval [D(k), D(k + 1)) over 2^32."""
+    """`ZipfTables._tail_ranks`: G's inverse, then `_TAIL_FIX_STEPS` steps of the check against D (the host
+    loops until every rank holds its draw). Returns the ranks and P(rank), the width of their draw interval
+    [D(k), D(k + 1)) over 2^32."""
     t = self._tables
     start = t['tail_start_T'][tables]
     draw = jnp.maximum(draw, start)  # A head draw (its rank unused) must not walk down into the head.
@@ -207,14 +211,11 @@ class DeviceGenerator:
 
     def check(rank):
       first, stop = self._tail_boundary(tables, rank), self._tail_boundary(tables, rank + 1)
-      return rank, (draw >= stop).astype(jnp.int64) - (draw < first).astype(jnp.int64), stop - first
+      return (draw >= stop).astype(jnp.int64) - (draw < first).astype(jnp.int64), stop - first
 
-    def fix(carry):
-      rank, change, _ = carry
-      return check(rank + change)
-
-    rank, _, width = lax.while_loop(lambda carry: jnp.any(carry[1] != 0), fix, check(rank))
-    return rank, width.astype(jnp.float64) * 2.0**-32
+    for _ in range(_TAIL_FIX_STEPS):  # Unrolled: a while loop's test would make the host wait for the device.
+      rank = rank + check(rank)[0]
+    return rank, check(rank)[1].astype(jnp.float64) * 2.0**-32  # A rank still off (never seen): tests compare.
 
   def _effects(self, tables, rank, probability):
     """`synthetic._IdEffects` of tail ranks of the given probabilities: float32 [..., K + 2]."""
@@ -317,7 +318,10 @@ class DeviceBlockReader:
     return self._generate(first_step, num_steps)
 
   def resize(self, block_steps: int) -> None:
+    """Blocks of `block_steps` from now on; their program compiled now (a block of no step), not in the first
+    block's time."""
     self.block_steps = block_steps
+    jax.block_until_ready(self._generate(0, 0))
 
   def close(self) -> None:
     self._pending = None

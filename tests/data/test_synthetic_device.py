@@ -46,6 +46,30 @@ def test_the_device_stream_is_the_host_stream(spec):
   assert batch.dense.dtype == np.float32 and batch.sparse.dtype == np.int32 and batch.label.dtype == np.float32
 
 
+@pytest.mark.parametrize('exponent', [0.8, 1.0, 1.05, 1.3])
+def test_tail_ranks_are_the_hosts_on_a_million_draws(exponent):
+  """The tail's inverse CDF takes a fixed number of check steps on the device (the host loops): the same ranks on
+  draws spread over the whole tail of tables from just past the head to 40M rows."""
+  cardinalities = (2**15 + 2, 100_000, 3_000_000, 40_000_000) + (10,) * 22
+  host = synthetic.SyntheticSource(synthetic.SyntheticSpec(cardinalities=cardinalities, zipf_exponent=exponent))
+  generator = synthetic_device.DeviceGenerator(host)
+  tables = np.repeat(np.arange(4), 1 << 18)
+  starts = host._zipf.tail_start[tables]
+  rng = np.random.default_rng(0)
+  draws = starts + (rng.random(tables.size) * (2**32 - starts)).astype(np.int64)
+  # Half of them on the edges of a rank's draws, D(k) and D(k) - 1, where the inverse's rounding needs the checks.
+  ranks = (host._zipf.head_sizes[tables] + rng.random(tables.size) * (host._zipf.sizes[tables] - 2**15)).astype(
+    np.int64
+  )
+  edges = host._zipf._tail_boundary(tables, ranks) - rng.integers(0, 2, tables.size)
+  draws = np.where(np.arange(tables.size) % 2 == 0, draws, np.maximum(edges, starts))
+  expected = host._zipf._tail_ranks(tables, draws)
+  with synthetic_device._x64():
+    ranks, probability = jax.jit(generator._tail_ranks)(jax.numpy.asarray(tables), jax.numpy.asarray(draws))
+  np.testing.assert_array_equal(np.asarray(ranks), expected)
+  np.testing.assert_array_equal(np.asarray(probability), host._zipf.probability(tables, expected))
+
+
 def test_a_generated_block_is_the_block_read_on_the_host():
   """Replica first, step second, this process's replicas only, zeros past the steps asked for; a prefetched block
   serves the steps it holds; another is generated."""
