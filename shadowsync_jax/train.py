@@ -152,6 +152,8 @@ def _on_meshes(replicated, config: ml_collections.ConfigDict, meshes: replicas.R
   replicated_step = replicated(step_fn, step_mesh)
   if step_mesh is meshes.local:
     return replicated_step
+  if isinstance(replicated_step, replicas.BlockProgram):
+    return replicated_step._replace(job_meshes=meshes)
 
   def across_processes(state_L, *args_L):
     state_R, metrics_R = replicated_step(replicas.to_job(state_L, meshes), *replicas.to_job(args_L, meshes))
@@ -300,6 +302,7 @@ class BlockDispatcher:
       )
     self._train_block = make_train_block(config, meshes)
     self._in_flight = None
+    self._all_steps_compiled: int | None = None  # The K whose all-steps program is compiled (0: none will be).
     self.paused_s = 0.0  # Compiling the K 'auto' chose: no training time.
 
   def dispatch(
@@ -313,7 +316,8 @@ class BlockDispatcher:
     probing, started = self.plan.probing, time.perf_counter()
     block = self.reader.take(step, steps)
     steps_L = np.full(self._num_local, steps, np.int32)
-    state_L, metrics = self._train_block(state_L, *replicas.shard((block, steps_L), self._meshes.local))
+    full = steps == self.reader.block_steps == self._all_steps_compiled  # All K: the program with a static count.
+    state_L, metrics = self._train_block(state_L, *replicas.shard((block, steps_L), self._meshes.local), full=full)
     if step + steps < self.plan.stop_step:  # The next block is read while this one trains.
       ahead = self.plan.peek(step + steps, due_steps(step + steps))
       self.reader.prefetch(step + steps, min(self.reader.block_steps, ahead))
@@ -326,29 +330,41 @@ class BlockDispatcher:
       self.plan.observe(steps, time.perf_counter() - started)
       if self.plan.steps_per_dispatch is not None:
         state_L = self._use_steps_per_dispatch(state_L)
+    elif self._all_steps_compiled is None and self.plan.steps_per_dispatch is not None:
+      self._compile_all_steps(state_L)  # A K given in the config: at the first block, before the timed ones.
     return state_L, metrics, block, steps
 
   def close(self) -> None:
     self.reader.close()
 
   def _use_steps_per_dispatch(self, state_L: Any) -> Any:
-    """Once 'auto' chose K: blocks of that many steps from now on, their program compiled now by a block of no step
-    (its time added to `paused_s`). Where the steps are collectives of the job (`_steps_are_collective`), K is the
+    """Once 'auto' chose K: blocks of that many steps from now on, their two programs compiled now (a block of no
+    step, and `_compile_all_steps`; the time added to `paused_s`). Where the steps are collectives of the job (`_steps_are_collective`), K is the
     job's, the largest any process chose: every process dispatches the same blocks. (Elsewhere each process keeps
     its own: an exchange here would wait for a peer whose shadow round waits for this process's next boundary.)
     The exchange's wait for a slower peer is training time, as a step's wait in a collective is: not paused."""
     if jax.process_count() > 1 and _steps_are_collective(self._config):
       self.plan.agree(distributed.exchange('steps_per_dispatch', self.plan.steps_per_dispatch))
     started = time.perf_counter()
-    if self.plan.steps_per_dispatch > self.reader.block_steps:  # A shorter K runs in the probe's program.
+    if self.plan.steps_per_dispatch != self.reader.block_steps:  # Its programs, of K steps (full blocks: all K).
       self.reader.resize(self.plan.steps_per_dispatch)
       nothing = batch_lib.zeros(self._num_local, self.reader.block_steps, self._config.batch_size)
       state_L, metrics = self._train_block(
         state_L, *replicas.shard((nothing, np.zeros(self._num_local, np.int32)), self._meshes.local)
       )
       jax.block_until_ready((state_L, metrics))
+    self._compile_all_steps(state_L)
     self.paused_s += time.perf_counter() - started
     return state_L
+
+  def _compile_all_steps(self, state_L: Any) -> None:
+    """Compiles the block program of all K steps (`replicas.make_replicated_block`'s `full`) now: full blocks run
+    it from now on. A program without one (a study's stand-in) keeps the one program."""
+    compile_all_steps = getattr(self._train_block, 'compile_all_steps', None)
+    if compile_all_steps is not None:
+      nothing = batch_lib.zeros(self._num_local, self.reader.block_steps, self._config.batch_size)
+      compile_all_steps(state_L, *replicas.shard((nothing, np.zeros(self._num_local, np.int32)), self._meshes.local))
+    self._all_steps_compiled = self.reader.block_steps if compile_all_steps is not None else 0
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:

@@ -143,13 +143,15 @@ def test_incremental_checkpoints_resume_bit_for_bit(one_replica_run, tmp_path, o
   assert resumed['checkpoints']['incremental'] is True
 
 
-@pytest.mark.parametrize('algorithm', ['none', 'fr_ma', 'shadow_ea'])
-def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm):
+@pytest.mark.parametrize(
+  'algorithm, steps_per_dispatch', [('none', 'auto'), ('fr_ma', 'auto'), ('shadow_ea', 'auto'), ('none', 8)]
+)
+def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm, steps_per_dispatch):
   """examples/sec counts from the end of the first block (one step): a compile after it (the first round, merge,
   loss read or log) would be counted as training time, and one in the shadow thread takes the trainers' cores. The
   one compile allowed is the block program of the K that 'auto' chose, by a block of no step whose time is left out
   of the timed steps."""
-  compiles, calls = [], []  # calls: (compiles before it, the block's steps)
+  compiles, calls, fulls = [], [], []  # calls: (compiles before it, the block's steps); fulls: the all-K program
 
   def on_event(event, duration_s, **kwargs):
     del duration_s, kwargs
@@ -161,10 +163,12 @@ def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm
   def counting_make_train_block(config, meshes):
     train_block = make_train_block(config, meshes)
 
-    def counted(state, block, steps_L):
+    def counted(state, block, steps_L, full=False):
       calls.append((len(compiles), int(np.asarray(steps_L)[0])))
-      return train_block(state, block, steps_L)
+      fulls.append(full)
+      return train_block(state, block, steps_L, full=full)
 
+    counted.compile_all_steps = train_block.compile_all_steps  # Compiled ahead, with the K chosen.
     return counted
 
   monkeypatch.setattr(train, 'make_train_block', counting_make_train_block)
@@ -178,12 +182,15 @@ def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm
         sync__algorithm=algorithm,
         sync__every_k_steps=10,
         sync__min_interval_s=0.0,
+        train__steps_per_dispatch=steps_per_dispatch,
       ),
       tmp_path,
     )
   finally:
     jax.monitoring.unregister_event_duration_listener(on_event)
   assert sum(steps for _, steps in calls) == 64 and calls[0][1] == 1
+  if steps_per_dispatch == 8:  # 'auto' chose 64 here, and the probe left fewer steps than that.
+    assert fulls.count(True) >= 4, (calls, fulls)  # Full blocks ran the program of all K steps, compiled ahead.
   if algorithm != 'none':
     assert summary['sync_rounds'] >= 1
   # The first block compiles (and everything compiled ahead comes before it), as may a block of no step; after the

@@ -141,22 +141,24 @@ def make_replicated_step(
   return jax.jit(sharded, donate_argnums=0)
 
 
-def make_replicated_block(
-  step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], mesh: Mesh
-) -> Callable[[PyTree, PyTree, jax.Array], tuple[PyTree, PyTree]]:
-  """`block(state_R, batches_RxK, steps_R) -> (state_R, metrics_RxK)`: `steps` <= K steps of `step_fn`, one after
-  the other on each device, in one dispatch (docs/design.md §13); the state donated.
+def make_replicated_block(step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], mesh: Mesh) -> 'BlockProgram':
+  """`block(state_R, batches_RxK, steps_R, full=False) -> (state_R, metrics_RxK)`: `steps` <= K steps of `step_fn`,
+  one after the other on each device, in one dispatch (docs/design.md §13); the state donated.
 
   Batches come [R, K, B, ...] (replica first, like every replicated array here, `shard` places them) and step k
   reads `batches[:, k]`; the metrics come back [R, K], those of steps past `steps` zero. `steps` is an int32 array
   [R] of one value, an argument, not a constant: a block cut short by an event runs the same compiled program
-  (one program per K, not per block length). Collectives in `step_fn` (sync SGD, sharded tables) run in every
-  step, so every device of the mesh must run the same number of steps.
+  (one program per K, not per block length). `full=True` says `steps` is K: a second program whose loop has a
+  static trip count. (On a GPU, XLA's loop with a trip count known only on the device has the host read its test
+  after every step: on an H200 the default config's block kept the GPU 83-87% busy that way, against 95-98% and
+  1.23-1.28x the examples a second with the count static; BUILD.md.) Collectives in `step_fn` (sync SGD, sharded
+  tables) run in every step, so every device of the mesh must run the same number of steps.
   """
 
-  def per_device(state_1, batches_1xK, steps_1):
+  def per_device(state_1, batches_1xK, steps_1, full: bool):
     batches_K = squeeze(batches_1xK)
-    num_steps, block_steps = steps_1[0], jax.tree.leaves(batches_K)[0].shape[0]
+    block_steps = jax.tree.leaves(batches_K)[0].shape[0]
+    num_steps = block_steps if full else steps_1[0]
     state = squeeze(state_1)
     batch_at = lambda k: jax.tree.map(lambda x: lax.dynamic_index_in_dim(x, k, keepdims=False), batches_K)
     metrics_shape = jax.eval_shape(step_fn, state, batch_at(0))[1]
@@ -172,8 +174,36 @@ def make_replicated_block(
     return unsqueeze(state), unsqueeze(metrics_K)
 
   spec = P(REPLICA_AXIS)
-  sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(spec, spec, spec), out_specs=(spec, spec))
-  return jax.jit(sharded, donate_argnums=0)
+  program = lambda full: jax.jit(
+    jax.shard_map(functools.partial(per_device, full=full), mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec)),
+    donate_argnums=0,
+  )
+  return BlockProgram(program(False), program(True))
+
+
+class BlockProgram(NamedTuple):
+  """The two programs of a block (`make_replicated_block`): any number of steps, and all K of them. With
+  `job_meshes` (steps that are collectives of the whole job) it takes and returns this process's replicas and runs
+  on the job's mesh (`to_job`, `to_local`)."""
+
+  any_steps: Callable[..., tuple[PyTree, PyTree]]
+  all_steps: Callable[..., tuple[PyTree, PyTree]]
+  job_meshes: 'ReplicaMeshes | None' = None
+
+  def __call__(self, state: PyTree, batches_xK: PyTree, steps: jax.Array, full: bool = False):
+    state, metrics = (self.all_steps if full else self.any_steps)(*self._arguments(state, batches_xK, steps))
+    if self.job_meshes is None:
+      return state, metrics
+    return to_local(state, self.job_meshes), to_local(metrics, self.job_meshes)
+
+  def compile_all_steps(self, state: PyTree, batches_xK: PyTree, steps: jax.Array) -> None:
+    """Compiles the all-K program for these arguments' shapes now, ahead of its first block (nothing runs)."""
+    self.all_steps.lower(*self._arguments(state, batches_xK, steps)).compile()
+
+  def _arguments(self, state, batches_xK, steps) -> tuple:
+    if self.job_meshes is None:
+      return state, batches_xK, steps
+    return to_job(state, self.job_meshes), *to_job((batches_xK, steps), self.job_meshes)
 
 
 @jax.jit

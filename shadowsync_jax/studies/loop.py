@@ -80,13 +80,13 @@ def time_step_alone(config, steps_per_dispatch: int, timed_steps: int) -> float:
     for i in range(max(1, min(_DEVICE_BLOCKS, available)))
   ]
   steps_L = replicas.shard(np.full(num_replicas, steps_per_dispatch, np.int32), meshes.local)
-  for block in blocks[:2]:  # Compile, warm up.
-    state, metrics = train_block(state, block, steps_L)
+  for block in blocks[:2]:  # Compile, warm up. Full blocks: the program of all K steps, as the loop's full blocks.
+    state, metrics = train_block(state, block, steps_L, full=True)
   jax.block_until_ready((state, metrics))
   num_blocks = max(1, timed_steps // steps_per_dispatch)
   started = time.perf_counter()
   for i in range(num_blocks):
-    state, metrics = train_block(state, blocks[i % len(blocks)], steps_L)
+    state, metrics = train_block(state, blocks[i % len(blocks)], steps_L, full=True)
   jax.block_until_ready((state, metrics))
   seconds = time.perf_counter() - started
   del state, blocks
@@ -102,7 +102,7 @@ def _make_no_work_block(config, meshes):
     del steps_L
     return state_L, {'loss': jnp.zeros(block_L.label.shape[:2], jnp.float32)}
 
-  return nothing
+  return lambda state_L, block_L, steps_L, full=False: nothing(state_L, block_L, steps_L)  # One program.
 
 
 class _InMemory:

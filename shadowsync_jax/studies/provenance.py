@@ -48,11 +48,11 @@ def measured_files(repo: pathlib.Path = REPO_ROOT, modules: dict[str, Any] | Non
   files = set()
   for module in list(modules.values()):
     path = getattr(module, '__file__', None)
-    if path and pathlib.Path(path).resolve().is_relative_to(repo):
+    # A file of the repository. (torch's `torch._classes` names a relative '__file__' that is no file, and answers
+    # any attribute with an object: the GPU machine's image imported it.)
+    if path and pathlib.Path(path).is_absolute() and pathlib.Path(path).resolve().is_relative_to(repo):
       files.add(pathlib.Path(path).resolve().relative_to(repo).as_posix())
-      # Files a study runs in another Python (its peers'). Only the repository's modules are asked: a package's
-      # module may answer any attribute (one on the GPU machine's image did, with an object that is no list).
-      files.update(getattr(module, 'RUNS_ELSEWHERE', ()))
+      files.update(getattr(module, 'RUNS_ELSEWHERE', ()))  # Files a study runs in another Python (its peers').
   if any(name in modules for name in _JOB_RUNNERS):
     for top in _JOB_CODE:
       files.update(

@@ -64,6 +64,19 @@ def test_a_study_that_runs_jobs_measures_the_library_the_jobs_run_but_not_the_st
   assert 'shadowsync_jax/studies/report.py' not in files
 
 
+def test_a_module_that_answers_every_attribute_is_not_taken_for_measured_code():
+  """torch's `torch._classes` (imported on a GPU image) names a relative '__file__' and answers any attribute."""
+
+  class AnswersEverything(types.ModuleType):
+    __file__ = '_classes.py'
+
+    def __getattr__(self, name):
+      return object()
+
+  files = provenance.measured_files(modules={'torch._classes': AnswersEverything('torch._classes'), 'jobs': jobs})
+  assert 'shadowsync_jax/studies/jobs.py' in files and '_classes.py' not in files
+
+
 def test_a_result_goes_stale_when_code_it_measures_changes_and_says_which_commits(tmp_path):
   repo = tmp_path / 'repo'
   (repo / 'lib').mkdir(parents=True)
