@@ -339,10 +339,11 @@ class BlockDispatcher:
 
   def _use_steps_per_dispatch(self, state_L: Any) -> Any:
     """Once 'auto' chose K: blocks of that many steps from now on, their two programs compiled now (a block of no
-    step, and `_compile_all_steps`; the time added to `paused_s`). Where the steps are collectives of the job (`_steps_are_collective`), K is the
-    job's, the largest any process chose: every process dispatches the same blocks. (Elsewhere each process keeps
-    its own: an exchange here would wait for a peer whose shadow round waits for this process's next boundary.)
-    The exchange's wait for a slower peer is training time, as a step's wait in a collective is: not paused."""
+    step, and `_compile_all_steps`; the time added to `paused_s`). Where the steps are collectives of the job
+    (`_steps_are_collective`), K is the job's, the largest any process chose: every process dispatches the same
+    blocks. (Elsewhere each process keeps its own: an exchange here would wait for a peer whose shadow round waits
+    for this process's next boundary.) The exchange's wait for a slower peer is training time, as a step's wait in
+    a collective is: not paused."""
     if jax.process_count() > 1 and _steps_are_collective(self._config):
       self.plan.agree(distributed.exchange('steps_per_dispatch', self.plan.steps_per_dispatch))
     started = time.perf_counter()
