@@ -301,7 +301,7 @@ class BlockDispatcher:
         processes=config.data.reader_processes,
       )
     self._train_block = make_train_block(config, meshes)
-    self._in_flight = None
+    self._in_flight, self._in_flight_steps = None, 0
     self._all_steps_compiled: int | None = None  # The K whose all-steps program is compiled (0: none will be).
     self.paused_s = 0.0  # Compiling the K 'auto' chose: no training time.
 
@@ -323,8 +323,10 @@ class BlockDispatcher:
       self.reader.prefetch(step + steps, min(self.reader.block_steps, ahead))
     # One block in flight, no more (docs/design.md §3): the last one is done before this one's boundary, so a boundary's
     # times are the device's pace and a snapshot or a save waits for one block at most.
+    distributed.waiting_for_block(self._in_flight_steps)  # A peer lost meanwhile: the block may never end.
     jax.block_until_ready(self._in_flight)
-    self._in_flight = metrics
+    distributed.waiting_for_block(None)
+    self._in_flight, self._in_flight_steps = metrics, steps
     if probing:  # 'auto' times its first blocks; then every process dispatches blocks of the same K.
       jax.block_until_ready(metrics)
       self.plan.observe(steps, time.perf_counter() - started)

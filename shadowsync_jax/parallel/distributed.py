@@ -97,6 +97,14 @@ def report(step: int, phase: str = 'train', checkpoint: int | None = None) -> No
       _watchdog.checkpoint = checkpoint
 
 
+def waiting_for_block(steps: int | None) -> None:
+  """The training thread waits on the devices for a block of `steps` steps it dispatched (None: it waits no more).
+  While it does, a lost peer is given the time the block should take, not the time of the steps a loop needs to
+  reach its boundary: a block whose steps are collectives with a dead peer never ends (`_PeerWatchdog.grace_s`)."""
+  if _watchdog is not None:
+    _watchdog.waiting_for(steps)
+
+
 def my_step() -> int:
   """The step this process's training thread last reported."""
   return _watchdog.step if _watchdog is not None else 0
@@ -227,11 +235,14 @@ class _PeerWatchdog:
     self._thread = threading.Thread(target=self._run, name='peer-watchdog', daemon=True)
     self.step, self.phase, self.checkpoint = 0, 'setup', None  # Written by the training thread (`report`).
     self._step_s, self._reported_at = None, None  # A training step's recent duration, and when the last one ended.
+    self._fast_step_s = None  # The same, following the fastest recent boundaries (`reported`).
     self.loop_handles_loss = False
     self.last_resort: Callable[[str], None] | None = None
     self.boundary_matters = True
     self.lost_reason: str | None = None
     self._lost_at: float | None = None
+    self._block_due: float | None = None  # While the training thread waits on a block: when it should end.
+    self._waiting = False
     self.peer_status: dict[int, dict[str, Any]] = {}
 
   def start(self) -> None:
@@ -255,16 +266,31 @@ class _PeerWatchdog:
     if phase == 'train' and self.phase == 'train' and step > self.step and self._reported_at is not None:
       seconds = (now - self._reported_at) / (step - self.step)
       self._step_s = seconds if self._step_s is None else 0.9 * self._step_s + 0.1 * seconds
+      # The device's pace, nearly: boundaries with a save between them read slower, so it follows the fast ones.
+      fast = self._fast_step_s
+      self._fast_step_s = seconds if fast is None or seconds < fast else 0.98 * fast + 0.02 * seconds
     self.step, self.phase, self._reported_at = step, phase, now
+
+  def waiting_for(self, steps: int | None) -> None:
+    self._waiting = steps is not None
+    pace = self._fast_step_s
+    self._block_due = None if steps is None or pace is None else time.monotonic() + steps * pace
 
   def grace_s(self) -> float:
     """How long a training loop may take to reach its next step boundary. Before its first block of this start is
     done (phase 'setup': compiling, or its devices wait on a collective with a peer that is gone), the short one:
     what it would save at a boundary is what it started from, already on disk. The short one too where nothing is
-    saved at a boundary (`handle_peer_loss`)."""
+    saved at a boundary (`handle_peer_loss`). While the training thread waits on a block (`waiting_for_block`),
+    until the block should have ended, and the short one after: a block whose steps need a dead peer never ends
+    (sharded tables, sync SGD), and the survivors of the Criteo Kaggle study waited 2-10 s in such blocks for
+    boundaries that never came (`_step_s`, measured between boundaries, counts their saves too); without a step
+    time yet, the short one. Otherwise the time of a few recent steps."""
     low, high = _STEP_BOUNDARY_GRACE_S
     if self.phase == 'setup' or not self.boundary_matters:
       return low
+    if self._waiting:
+      due = self._block_due
+      return low if due is None or self._lost_at is None else min(high, max(low, due - self._lost_at + low))
     return high if self._step_s is None else min(high, max(low, _STEP_BOUNDARY_GRACE_STEPS * self._step_s))
 
   def lose(self, reason: str) -> None:
