@@ -301,7 +301,8 @@ class BlockDispatcher:
         processes=config.data.reader_processes,
       )
     self._train_block = make_train_block(config, meshes)
-    self._in_flight, self._in_flight_steps = None, 0
+    self._in_flight = None
+    self._collective = _steps_are_collective(config)  # A block that needs every peer: the watchdog is told of it.
     self._all_steps_compiled: int | None = None  # The K whose all-steps program is compiled (0: none will be).
     self.paused_s = 0.0  # Compiling the K 'auto' chose: no training time.
 
@@ -318,15 +319,15 @@ class BlockDispatcher:
     steps_L = np.full(self._num_local, steps, np.int32)
     full = steps == self.reader.block_steps == self._all_steps_compiled  # All K: the program with a static count.
     state_L, metrics = self._train_block(state_L, *replicas.shard((block, steps_L), self._meshes.local), full=full)
+    if self._collective:
+      distributed.block_dispatched(steps)
     if step + steps < self.plan.stop_step:  # The next block is read while this one trains.
       ahead = self.plan.peek(step + steps, due_steps(step + steps))
       self.reader.prefetch(step + steps, min(self.reader.block_steps, ahead))
     # One block in flight, no more (docs/design.md §3): the last one is done before this one's boundary, so a boundary's
     # times are the device's pace and a snapshot or a save waits for one block at most.
-    distributed.waiting_for_block(self._in_flight_steps)  # A peer lost meanwhile: the block may never end.
     jax.block_until_ready(self._in_flight)
-    distributed.waiting_for_block(None)
-    self._in_flight, self._in_flight_steps = metrics, steps
+    self._in_flight = metrics
     if probing:  # 'auto' times its first blocks; then every process dispatches blocks of the same K.
       jax.block_until_ready(metrics)
       self.plan.observe(steps, time.perf_counter() - started)

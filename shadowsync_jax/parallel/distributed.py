@@ -97,12 +97,13 @@ def report(step: int, phase: str = 'train', checkpoint: int | None = None) -> No
       _watchdog.checkpoint = checkpoint
 
 
-def waiting_for_block(steps: int | None) -> None:
-  """The training thread waits on the devices for a block of `steps` steps it dispatched (None: it waits no more).
-  While it does, a lost peer is given the time the block should take, not the time of the steps a loop needs to
-  reach its boundary: a block whose steps are collectives with a dead peer never ends (`_PeerWatchdog.grace_s`)."""
+def block_dispatched(steps: int | None) -> None:
+  """The training thread dispatched a block of `steps` steps that are collectives of the job (sharded tables, sync
+  SGD): it cannot end without every peer. Until it should have ended, after the blocks before it, a lost peer gives
+  the loop the time to reach its boundary; after that, the short grace (`_PeerWatchdog.grace_s`). None: no such
+  block from now on (the loop ended)."""
   if _watchdog is not None:
-    _watchdog.waiting_for(steps)
+    _watchdog.dispatched(steps)
 
 
 def my_step() -> int:
@@ -241,8 +242,7 @@ class _PeerWatchdog:
     self.boundary_matters = True
     self.lost_reason: str | None = None
     self._lost_at: float | None = None
-    self._block_due: float | None = None  # While the training thread waits on a block: when it should end.
-    self._waiting = False
+    self._block_due: float | None = None  # When the last collective block dispatched should end (`dispatched`).
     self.peer_status: dict[int, dict[str, Any]] = {}
 
   def start(self) -> None:
@@ -271,26 +271,26 @@ class _PeerWatchdog:
       self._fast_step_s = seconds if fast is None or seconds < fast else 0.98 * fast + 0.02 * seconds
     self.step, self.phase, self._reported_at = step, phase, now
 
-  def waiting_for(self, steps: int | None) -> None:
-    self._waiting = steps is not None
-    pace = self._fast_step_s
-    self._block_due = None if steps is None or pace is None else time.monotonic() + steps * pace
+  def dispatched(self, steps: int | None) -> None:
+    pace, now = self._fast_step_s, time.monotonic()
+    if steps is None or pace is None:
+      self._block_due = None if steps is None else now  # No pace yet: the short grace.
+    else:
+      self._block_due = max(now, self._block_due or now) + steps * pace  # After the blocks dispatched before it.
 
   def grace_s(self) -> float:
     """How long a training loop may take to reach its next step boundary. Before its first block of this start is
     done (phase 'setup': compiling, or its devices wait on a collective with a peer that is gone), the short one:
     what it would save at a boundary is what it started from, already on disk. The short one too where nothing is
-    saved at a boundary (`handle_peer_loss`). While the training thread waits on a block (`waiting_for_block`),
-    until the block should have ended, and the short one after: a block whose steps need a dead peer never ends
-    (sharded tables, sync SGD), and the survivors of the Criteo Kaggle study waited 2-10 s in such blocks for
-    boundaries that never came (`_step_s`, measured between boundaries, counts their saves too); without a step
-    time yet, the short one. Otherwise the time of a few recent steps."""
+    saved at a boundary (`handle_peer_loss`). Where the blocks' steps are collectives of the job (`block_dispatched`:
+    one whose steps need a dead peer never ends), until the last block dispatched should have ended, then the short
+    one: the survivors of the Criteo Kaggle study had waited 2-10 s in such blocks for boundaries that never came
+    (`_step_s`, measured between boundaries, counts their saves too). Otherwise the time of a few recent steps."""
     low, high = _STEP_BOUNDARY_GRACE_S
     if self.phase == 'setup' or not self.boundary_matters:
       return low
-    if self._waiting:
-      due = self._block_due
-      return low if due is None or self._lost_at is None else min(high, max(low, due - self._lost_at + low))
+    if self._block_due is not None and self._lost_at is not None:
+      return min(high, max(low, self._block_due - self._lost_at + low))
     return high if self._step_s is None else min(high, max(low, _STEP_BOUNDARY_GRACE_STEPS * self._step_s))
 
   def lose(self, reason: str) -> None:

@@ -244,9 +244,7 @@ class RealFailures:
       # The block is done before its last step is reported (the launcher kills at it, the restart plan goes on from
       # it): the loop never waits otherwise, and a position dispatched but not trained would be taken as trained.
       # The wait costs the device the host's work for the next dispatch, which K keeps a small share of a block.
-      distributed.waiting_for_block(steps)
       jax.block_until_ready(state_L.step)
-      distributed.waiting_for_block(None)
     if self._timing is None:
       self._timing = (time.perf_counter(), step)  # The first step compiled: the clock starts after it.
       self._control.ready()

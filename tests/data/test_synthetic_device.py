@@ -46,14 +46,14 @@ def test_the_device_stream_is_the_host_stream(spec):
   assert batch.dense.dtype == np.float32 and batch.sparse.dtype == np.int32 and batch.label.dtype == np.float32
 
 
-@pytest.mark.parametrize('exponent', [0.8, 1.0, 1.05, 1.3])
-def test_tail_ranks_are_the_hosts_on_a_million_draws(exponent):
+@pytest.mark.parametrize('exponent', [1.0, 1.3])
+def test_tail_ranks_are_the_hosts_on_half_a_million_draws(exponent):
   """The tail's inverse CDF takes a fixed number of check steps on the device (the host loops): the same ranks on
   draws spread over the whole tail of tables from just past the head to 40M rows."""
   cardinalities = (2**15 + 2, 100_000, 3_000_000, 40_000_000) + (10,) * 22
   host = synthetic.SyntheticSource(synthetic.SyntheticSpec(cardinalities=cardinalities, zipf_exponent=exponent))
   generator = synthetic_device.DeviceGenerator(host)
-  tables = np.repeat(np.arange(4), 1 << 18)
+  tables = np.repeat(np.arange(4), 1 << 17)
   starts = host._zipf.tail_start[tables]
   rng = np.random.default_rng(0)
   draws = starts + (rng.random(tables.size) * (2**32 - starts)).astype(np.int64)

@@ -30,27 +30,27 @@ def test_where_nothing_is_saved_at_a_boundary_the_grace_is_the_short_one():
   assert watchdog.grace_s() == low
 
 
-def test_a_loop_waiting_on_a_block_gets_the_time_the_block_should_take():
-  """A block whose steps need a dead peer never ends: the grace is the block's own time at the loop's fastest
-  recent pace, then the short one; without a pace yet, the short one. Out of the block, the steps' grace again."""
+def test_with_collective_blocks_the_grace_is_the_time_the_last_block_should_take():
+  """A block whose steps need a dead peer never ends: the grace lasts until the last block dispatched should have
+  ended, at the loop's fastest recent pace, plus the short one; without a pace yet, the short one."""
   low, high = distributed._STEP_BOUNDARY_GRACE_S  # pylint: disable=protected-access
   watchdog = _watchdog()
   watchdog.reported(40, 'train')
-  watchdog.waiting_for(8)
+  watchdog.dispatched(8)
   watchdog.lose('told to stop (SIGTERM)')
   assert watchdog.grace_s() == low  # No step time yet.
-  watchdog.waiting_for(None)
-  assert watchdog.grace_s() == high
+  watchdog.dispatched(None)
+  assert watchdog.grace_s() == high  # No collective block: the long grace, without a step time.
   watchdog._reported_at -= 0.2  # pylint: disable=protected-access  (0.1 s a step)
   watchdog.reported(42, 'train')
   watchdog._reported_at -= 1.0  # pylint: disable=protected-access  (a save between: 0.5 s a step)
   watchdog.reported(44, 'train')
-  watchdog.waiting_for(8)
+  assert abs(watchdog._fast_step_s - 0.108) < 1e-4  # pylint: disable=protected-access  (it follows the fast ones)
+  watchdog.dispatched(8)
+  first_due = watchdog._block_due  # pylint: disable=protected-access
+  watchdog.dispatched(8)  # Queued after the first.
+  assert abs(watchdog._block_due - first_due - 8 * 0.108) < 0.01  # pylint: disable=protected-access
   watchdog._lost_at = watchdog._block_due - 0.8  # pylint: disable=protected-access  (lost 0.8 s before it is due)
-  assert abs(watchdog.grace_s() - (0.8 + low)) < 0.01
-  assert abs(watchdog._block_due - watchdog._lost_at - 0.8) < 1e-9  # pylint: disable=protected-access
+  assert abs(watchdog.grace_s() - (0.8 + low)) < 1e-9
   watchdog._lost_at = watchdog._block_due + 5  # pylint: disable=protected-access  (lost long after it was due)
   assert watchdog.grace_s() == low
-  watchdog.waiting_for(None)
-  steps = distributed._STEP_BOUNDARY_GRACE_STEPS  # pylint: disable=protected-access
-  assert watchdog.grace_s() == min(high, max(low, steps * watchdog._step_s))  # pylint: disable=protected-access
