@@ -106,6 +106,12 @@ def block_dispatched(steps: int | None) -> None:
     _watchdog.dispatched(steps)
 
 
+def lost_for_s() -> float | None:
+  """Seconds since a peer was lost (or this process told to stop), None while every peer is well."""
+  lost_at = _watchdog._lost_at if _watchdog is not None else None  # pylint: disable=protected-access
+  return None if lost_at is None else time.monotonic() - lost_at
+
+
 def my_step() -> int:
   """The step this process's training thread last reported."""
   return _watchdog.step if _watchdog is not None else 0

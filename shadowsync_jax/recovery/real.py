@@ -621,12 +621,18 @@ class RealFailures:
   def _stop_stuck(self, reason: str) -> None:
     """From the watchdog, when the training thread never reached a step boundary (its devices wait on a collective
     that will not complete): saves the newest host copy of the live state, writes it down, exits PEER_LOST."""
-    saved = None
+    saved, waited_s, started = None, distributed.lost_for_s(), time.perf_counter()
     if self._live is not None and self.mode in LIVE_MODES:
       saved = self._live.save_latest()
-    self._write_down_and_exit(distributed.my_step(), reason + '; the training thread was stuck', saved)
+    self._write_down_and_exit(
+      distributed.my_step(),
+      reason + '; the training thread was stuck',
+      saved,
+      timing={'waited_s': waited_s, 'live_write_s': time.perf_counter() - started},
+    )
 
-  def _write_down_and_exit(self, step: int, reason: str, live_step: int | None) -> None:
+  def _write_down_and_exit(self, step: int, reason: str, live_step: int | None, timing: dict | None = None) -> None:
+    """`timing` (from the watchdog): how long after the loss it gave up on the loop, and the newest copy's write."""
     live_saved = live_step is not None
     history.append(
       self._workdir,
@@ -640,6 +646,7 @@ class RealFailures:
         'reason': reason,
         'live_saved': live_saved,
         'live_step': live_step,
+        **(timing or {}),
       },
     )
     distributed.exit_peer_lost(reason + (f'; live state of step {live_step} saved' if live_saved else ''))
