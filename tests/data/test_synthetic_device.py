@@ -96,7 +96,7 @@ def test_training_on_the_device_stream_learns_as_on_the_host(tmp_path):
   """The tiny config on 8 replicas, its stream generated on the devices: the same quality as read on the host
   (the streams differ only in float32 bits), and `auto` keeps the host on CPU."""
   config = default.get_config('tiny')
-  config.num_replicas, config.batch_size = 8, 32
+  config.num_replicas, config.batch_size, config.data.num_train_examples = 8, 32, 16_384
   assert not train.generates_on_device(config)  # 'auto' on a CPU backend.
   on_host = train.train_and_evaluate(config, tmp_path / 'host')
   config.data.generator = 'device'
