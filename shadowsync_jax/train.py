@@ -339,6 +339,8 @@ class BlockDispatcher:
 
   def close(self) -> None:
     self.reader.close()
+    if self._collective:
+      distributed.block_dispatched(None)  # No block in flight from here on.
 
   def _use_steps_per_dispatch(self, state_L: Any) -> Any:
     """Once 'auto' chose K: blocks of that many steps from now on, their two programs compiled now (a block of no
@@ -352,10 +354,7 @@ class BlockDispatcher:
     started = time.perf_counter()
     if self.plan.steps_per_dispatch != self.reader.block_steps:  # Its programs, of K steps (full blocks: all K).
       self.reader.resize(self.plan.steps_per_dispatch)
-      nothing = batch_lib.zeros(self._num_local, self.reader.block_steps, self._config.batch_size)
-      state_L, metrics = self._train_block(
-        state_L, *replicas.shard((nothing, np.zeros(self._num_local, np.int32)), self._meshes.local)
-      )
+      state_L, metrics = self._train_block(state_L, *self._block_of_no_step())
       jax.block_until_ready((state_L, metrics))
     self._compile_all_steps(state_L)
     self.paused_s += time.perf_counter() - started
@@ -366,9 +365,13 @@ class BlockDispatcher:
     it from now on. A program without one (a study's stand-in) keeps the one program."""
     compile_all_steps = getattr(self._train_block, 'compile_all_steps', None)
     if compile_all_steps is not None:
-      nothing = batch_lib.zeros(self._num_local, self.reader.block_steps, self._config.batch_size)
-      compile_all_steps(state_L, *replicas.shard((nothing, np.zeros(self._num_local, np.int32)), self._meshes.local))
+      compile_all_steps(state_L, *self._block_of_no_step())
     self._all_steps_compiled = self.reader.block_steps if compile_all_steps is not None else 0
+
+  def _block_of_no_step(self) -> tuple[Any, Any]:
+    """(batches, steps) of a block of zeros that trains no step, placed: what compiles a block's programs."""
+    nothing = batch_lib.zeros(self._num_local, self.reader.block_steps, self._config.batch_size)
+    return replicas.shard((nothing, np.zeros(self._num_local, np.int32)), self._meshes.local)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:

@@ -131,17 +131,18 @@ def _cached_or_hashed(
   return values
 
 
-def _dense_counts(draws_NxF: np.ndarray, log_location_F: np.ndarray, log_scale_F: np.ndarray) -> np.ndarray:
-  """count = floor(exp(location + scale * logistic noise)) >= 0, float32: heavy-tailed like Criteo's."""
-  u = ((draws_NxF >> np.uint32(9)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-23)  # u, 1-u exact.
-  logistic = np.log(u / (np.float32(1.0) - u))
-  return np.floor(np.exp(log_location_F + log_scale_F * logistic))
+def _dense_counts(draws_NxF: np.ndarray, log_location_F: np.ndarray, log_scale_F: np.ndarray, xp=np) -> np.ndarray:
+  """count = floor(exp(location + scale * logistic noise)) >= 0, float32: heavy-tailed like Criteo's. `xp`: numpy,
+  or jax.numpy (`synthetic_device`)."""
+  u = ((draws_NxF >> xp.uint32(9)).astype(xp.float32) + xp.float32(0.5)) * xp.float32(2.0**-23)  # u, 1-u exact.
+  logistic = xp.log(u / (xp.float32(1.0) - u))
+  return xp.floor(xp.exp(log_location_F + log_scale_F * logistic))
 
 
-def _dense_features(draws_NxF: np.ndarray, log_location_F: np.ndarray, log_scale_F: np.ndarray) -> np.ndarray:
+def _dense_features(draws_NxF: np.ndarray, log_location_F: np.ndarray, log_scale_F: np.ndarray, xp=np) -> np.ndarray:
   """log(1 + count) of `_dense_counts`."""
-  counts = _dense_counts(draws_NxF, log_location_F, log_scale_F)
-  return np.log(counts + np.float32(1.0))  # Exact integers in float32: log(c + 1) is log1p, only faster.
+  counts = _dense_counts(draws_NxF, log_location_F, log_scale_F, xp)
+  return xp.log(counts + xp.float32(1.0))  # Exact integers in float32: log(c + 1) is log1p, only faster.
 
 
 @dataclasses.dataclass

@@ -28,31 +28,17 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from shadowsync_jax.data import counter_hash
 from shadowsync_jax.data import synthetic
 from shadowsync_jax.data import zipf as zipf_lib
 from shadowsync_jax.data.batch import NUM_DENSE_FEATURES
 from shadowsync_jax.data.batch import NUM_SPARSE_FEATURES
 from shadowsync_jax.data.batch import Batch
 
-_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
-_MIX_1 = 0xBF58476D1CE4E5B9
-_MIX_2 = 0x94D049BB133111EB
 _TWO_32 = 2**32
 # Steps of the tail rank's check against D(k) after the float64 inverse CDF. The host loops until none moves; the
 # inverse is within one rank of D's (a half-draw rounding), so one step suffices; the second is a margin.
 _TAIL_FIX_STEPS = 2
-
-
-def splitmix64(counter, key: int):
-  """`counter_hash.splitmix64` on uint64 jax arrays (under x64)."""
-  u64 = lambda value: jnp.uint64(value)
-  z = (counter.astype(jnp.uint64) + u64(1)) * u64(_GOLDEN_GAMMA) + u64(key)
-  z ^= z >> u64(30)
-  z *= u64(_MIX_1)
-  z ^= z >> u64(27)
-  z *= u64(_MIX_2)
-  z ^= z >> u64(31)
-  return z
 
 
 def _uint32_words(hashes):
@@ -79,7 +65,6 @@ class DeviceGenerator:
     self._effects_key = source._effects._key  # pylint: disable=protected-access
     self._effect_words = source._effects._words  # pylint: disable=protected-access
     self._dim = spec.teacher_embedding_dim
-    sizes = zipf.sizes
     self._tail_tables = tuple(int(t) for t in np.flatnonzero(zipf.sentinels >= 0))
     guide_low, guide_high = _guide_bounds(zipf)
     self._search_steps = math.ceil(math.log2(int((guide_high - guide_low).max()) + 1))
@@ -95,7 +80,7 @@ class DeviceGenerator:
         'guide_shift_T': jnp.asarray(zipf.guide_shift.astype(np.uint32)),
         'guide_offsets_T': jnp.asarray(zipf.guide_offsets.astype(np.int32)),
         'sentinels_T': i64(zipf.sentinels),
-        'sizes_T': i64(sizes),
+        'sizes_T': i64(zipf.sizes),
         'head_sizes_T': i64(zipf.head_sizes),
         'tail_start_T': i64(zipf.tail_start),
         'tail_low_T': f64(zipf._tail_low),  # pylint: disable=protected-access
@@ -130,9 +115,10 @@ class DeviceGenerator:
     t = self._tables
     counter = index_N[:, None].astype(jnp.uint64) * jnp.uint64(synthetic._WORDS_PER_EXAMPLE)  # pylint: disable=protected-access
     counter = counter + jnp.arange(synthetic._WORDS_PER_EXAMPLE, dtype=jnp.uint64)  # pylint: disable=protected-access
-    draws = _uint32_words(splitmix64(counter, self._key))
+    draws = _uint32_words(counter_hash.splitmix64(counter, self._key, jnp))
     draws_NxT = draws[:, :NUM_SPARSE_FEATURES]
-    dense_NxF = self._dense(draws[:, NUM_SPARSE_FEATURES : NUM_SPARSE_FEATURES + NUM_DENSE_FEATURES])
+    dense_draws_NxF = draws[:, NUM_SPARSE_FEATURES : NUM_SPARSE_FEATURES + NUM_DENSE_FEATURES]
+    dense_NxF = synthetic._dense_features(dense_draws_NxF, t['log_location_F'], t['log_scale_F'], jnp)  # pylint: disable=protected-access
     entry_NxT = self._head_entries(draws_NxT)
     ids_NxT = jnp.take(t['head_ids'], entry_NxT, axis=0)
     rows_NxTxW = jnp.take(t['head_effects'], entry_NxT, axis=0)
@@ -163,13 +149,6 @@ class DeviceGenerator:
       label=label_N.astype(jnp.float32).reshape(shape),
     )
     return batch, probability_N.astype(jnp.float32).reshape(shape)
-
-  def _dense(self, draws_NxF):
-    """`synthetic._dense_features`."""
-    u = ((draws_NxF >> jnp.uint32(9)).astype(jnp.float32) + jnp.float32(0.5)) * jnp.float32(2.0**-23)
-    logistic = jnp.log(u / (jnp.float32(1.0) - u))
-    counts = jnp.floor(jnp.exp(self._tables['log_location_F'] + self._tables['log_scale_F'] * logistic))
-    return jnp.log(counts + jnp.float32(1.0))
 
   def _head_entries(self, draws_NxT):
     """`zipf.ZipfTables.sample`'s head entries: the first entry of the draw's table whose last draw is >= it, by a
@@ -221,7 +200,9 @@ class DeviceGenerator:
     """`synthetic._IdEffects` of tail ranks of the given probabilities: float32 [..., K + 2]."""
     t, words = self._tables, self._effect_words
     counter = (tables.astype(jnp.uint64) << jnp.uint64(32)) + rank.astype(jnp.uint64)
-    hashes = splitmix64(counter[..., None] * jnp.uint64(words) + jnp.arange(words, dtype=jnp.uint64), self._effects_key)
+    hashes = counter_hash.splitmix64(
+      counter[..., None] * jnp.uint64(words) + jnp.arange(words, dtype=jnp.uint64), self._effects_key, jnp
+    )
     normal = jnp.take(t['quantiles'], _uint16_words(hashes, self._dim + 2))
     expected = probability * self.spec.shrink_reference_examples
     shrink = (expected / jnp.maximum(expected + self.spec.shrink_count, 1e-300)).astype(jnp.float32)
@@ -278,12 +259,9 @@ class DeviceBlockReader:
     axis: str,
     offset: int = 0,
   ):
-    self._generator, self._num_replicas, self._batch_size = generator, num_replicas, batch_size
     self._first_replica, self._offset = replicas.start, offset
     self.block_steps = block_steps
     spec = jax.sharding.PartitionSpec(axis)
-    self._sharding = jax.sharding.NamedSharding(mesh, spec)
-    self._scalars = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
     def per_device(first_step, num_steps, block_steps):
       replica = self._first_replica + lax.axis_index(axis)
@@ -300,7 +278,7 @@ class DeviceBlockReader:
         generate, mesh=mesh, in_specs=(jax.sharding.PartitionSpec(),) * 2, out_specs=spec, check_vma=False
       )(first_step, num_steps)
 
-    self._block = jax.jit(block, static_argnums=2, out_shardings=self._sharding)
+    self._block = jax.jit(block, static_argnums=2, out_shardings=jax.sharding.NamedSharding(mesh, spec))
     self._pending: tuple[int, int, int, Batch] | None = None
 
   def _generate(self, first_step: int, num_steps: int) -> Batch:
