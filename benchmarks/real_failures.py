@@ -27,7 +27,7 @@ from shadowsync_jax.studies import real_failures
 from shadowsync_jax.studies import report
 
 flags.DEFINE_enum('size', 'default', list(real_failures.SIZES), 'The job: the default problem, or Criteo Kaggle.')
-flags.DEFINE_float('kill_mtbf_s', None, "Mean seconds between the kills (default: the size's, 20 s or 45 s at Kaggle).")
+flags.DEFINE_float('kill_mtbf_s', None, "Mean seconds between the kills (default: the size's, 20 s or 60 s at Kaggle).")
 flags.DEFINE_list('kill_seeds', ['0', '1', '2'], 'Seeds of the kill schedules (each mode runs on every one).')
 flags.DEFINE_list(
   'modes',

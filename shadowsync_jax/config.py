@@ -212,9 +212,9 @@ def base_config() -> ml_collections.ConfigDict:
   # only the rows written since it, in the background. 'auto': where only the steps change the tables and a full
   # save would block the loop (tables this large); True or False. Typed `object`: 'auto' or a boolean.
   config.recovery.incremental = ml_collections.FieldReference('auto', field_type=object)
-  # A new baseline once the differentials written since the last add up to this share of a whole checkpoint's bytes
-  # (each rewrites every row changed since the baseline; at the share 1 a baseline costs what they did).
-  config.recovery.rebaseline_fraction = 1.0
+  # A new baseline once the rows changed since the last are this share of the table rows: a baseline blocks the loop,
+  # a differential does not; a restore reads the tables at most 1 + this share times.
+  config.recovery.rebaseline_fraction = 0.5
 
   # gba / async_sgd (docs/design.md §8; GBA: Su et al., NeurIPS 2022): the server's staleness rule; in one process the
   # emulated worker step times that order the gradients' arrivals (gba/emulated.py); across processes the workers

@@ -99,9 +99,8 @@ def report(step: int, phase: str = 'train', checkpoint: int | None = None) -> No
 
 def block_dispatched(steps: int | None) -> None:
   """The training thread dispatched a block of `steps` steps that are collectives of the job (sharded tables, sync
-  SGD): it cannot end without every peer. Until it should have ended, after the blocks before it, a lost peer gives
-  the loop the time to reach its boundary; after that, the short grace (`_PeerWatchdog.grace_s`). None: no such
-  block from now on (the loop ended)."""
+  SGD): it cannot end without every peer, so a lost peer gives the loop at most a step more than the short grace
+  to reach its boundary (`_PeerWatchdog.grace_s`). None: no such block from now on (the loop ended)."""
   if _watchdog is not None:
     _watchdog.dispatched(steps)
 
@@ -288,15 +287,17 @@ class _PeerWatchdog:
     """How long a training loop may take to reach its next step boundary. Before its first block of this start is
     done (phase 'setup': compiling, or its devices wait on a collective with a peer that is gone), the short one:
     what it would save at a boundary is what it started from, already on disk. The short one too where nothing is
-    saved at a boundary (`handle_peer_loss`). Where the blocks' steps are collectives of the job (`block_dispatched`:
-    one whose steps need a dead peer never ends), until the last block dispatched should have ended, then the short
-    one: the survivors of the Criteo Kaggle study had waited 2-10 s in such blocks for boundaries that never came
-    (`_step_s`, measured between boundaries, counts their saves too). Otherwise the time of a few recent steps."""
+    saved at a boundary (`handle_peer_loss`). Where the blocks' steps are collectives of the job (`block_dispatched`),
+    the short one and at most one step more: a block whose steps need a dead peer ends only where the peer had done
+    its part of every collective before it died, and then within the step the survivor was finishing. (The survivors
+    of the Criteo Kaggle study had waited 2-10 s in such blocks, first for 20 recent step times, `_step_s`, which
+    count the saves between boundaries; then, until 2026-11-28, for the rest of the block, up to 6.4 s.) Otherwise
+    the time of a few recent steps."""
     low, high = _STEP_BOUNDARY_GRACE_S
     if self.phase == 'setup' or not self.boundary_matters:
       return low
     if self._block_due is not None and self._lost_at is not None:
-      return min(high, max(low, self._block_due - self._lost_at + low))
+      return low + min(self._fast_step_s or 0.0, max(0.0, self._block_due - self._lost_at))
     return high if self._step_s is None else min(high, max(low, _STEP_BOUNDARY_GRACE_STEPS * self._step_s))
 
   def lose(self, reason: str) -> None:

@@ -137,7 +137,6 @@ class EmulatedFailures:
     # then costs the bytes of the rows changed since the last baseline (`incremental`), a baseline the whole.
     self._incremental = self._emulated_save is not None and incremental.enabled(config, saves_block=True)
     self._baseline_step: int | None = None
-    self._since_baseline = 0.0  # The modelled differentials' shares since the baseline.
     self._save_fractions: list[float] = []  # Of a whole checkpoint's bytes, each save's (emulated costs only).
     if self.requested_mode == 'cpr' and not recovery.checkpoint_every_steps:
       try:
@@ -441,17 +440,16 @@ class EmulatedFailures:
 
   def _save_fraction(self, step: int, state_L: Any) -> float:
     """The share of a whole checkpoint's bytes this save writes: all of it, or under modelled incremental
-    checkpoints a differential's (the rows stamped since the baseline and the dense part), unless the differentials
-    since the baseline would add up to `recovery.rebaseline_fraction` of a whole one: a new baseline
-    (`incremental.IncrementalCheckpointer`'s rule)."""
+    checkpoints a differential's (the rows stamped since the baseline and the dense part), unless those rows are
+    `recovery.rebaseline_fraction` of the tables' rows: a new baseline (`incremental.IncrementalCheckpointer`'s
+    rule)."""
     if not self._incremental:
       return 1.0
     changed = float(np.mean(np.asarray(state_L.row_steps) > (self._baseline_step or 0)))
     fraction = (changed * self._rows_bytes + self._checkpoint_bytes - self._rows_bytes) / self._checkpoint_bytes
-    if self._baseline_step is None or self._since_baseline + fraction >= self._config.recovery.rebaseline_fraction:
-      self._baseline_step, self._since_baseline = step, 0.0
+    if self._baseline_step is None or changed >= self._config.recovery.rebaseline_fraction:
+      self._baseline_step = step
       return 1.0
-    self._since_baseline += fraction
     return fraction
 
   def _save_cost_steps(self) -> float | None:

@@ -275,6 +275,9 @@ class RealFailures:
       record = {'event': 'saved', 'generation': self._generation, 'process': self._process}
       history.append(self._workdir, self._writer, {**record, 'step': self._unconfirmed, 'complete': self._unconfirmed})
       self._unconfirmed = None
+    if (reason := distributed.peer_lost()) is not None:  # Lost during this boundary's work: this step's state, read
+      # now, before the next block is dispatched (where its steps are collectives, it would never end).
+      self._stop_for_a_lost_peer(step, state_L, self._local(driver.sync_state()), reason)
     self._control.step(step)
     self._control.reached(step)
     return state_L, driver, None

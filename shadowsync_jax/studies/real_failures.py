@@ -65,12 +65,12 @@ SIZES = {
       '--config.data.source=synthetic',
       '--config.num_replicas=8',
       '--config.sync.embedding_placement=sharded',
-      '--config.data.num_train_examples=2000000',
+      '--config.data.num_train_examples=2500000',
       '--config.data.num_eval_examples=65536',
     ),
     "Criteo Kaggle's cardinalities (synthetic data), tables sharded over 2 processes x 4 devices, each process "
     'pinned to one core',
-    45.0,
+    60.0,  # Full recovery's checkpoint-related overhead then 5-10% (CPR's regime); 45 s measured 10.5-15.9%.
   ),
 }
 

@@ -30,9 +30,10 @@ def test_where_nothing_is_saved_at_a_boundary_the_grace_is_the_short_one():
   assert watchdog.grace_s() == low
 
 
-def test_with_collective_blocks_the_grace_is_the_time_the_last_block_should_take():
-  """A block whose steps need a dead peer never ends: the grace lasts until the last block dispatched should have
-  ended, at the loop's fastest recent pace, plus the short one; without a pace yet, the short one."""
+def test_with_collective_blocks_the_grace_is_the_short_one_and_at_most_a_step():
+  """A block whose steps need a dead peer ends only within the step the survivor was finishing: the grace is the
+  short one and at most one step at the loop's fastest recent pace, never the rest of the block; without a pace yet,
+  the short one."""
   low, high = distributed._STEP_BOUNDARY_GRACE_S  # pylint: disable=protected-access
   watchdog = _watchdog()
   watchdog.reported(40, 'train')
@@ -51,6 +52,8 @@ def test_with_collective_blocks_the_grace_is_the_time_the_last_block_should_take
   watchdog.dispatched(8)  # Queued after the first.
   assert abs(watchdog._block_due - first_due - 8 * 0.108) < 0.01  # pylint: disable=protected-access
   watchdog._lost_at = watchdog._block_due - 0.8  # pylint: disable=protected-access  (lost 0.8 s before it is due)
-  assert abs(watchdog.grace_s() - (0.8 + low)) < 1e-9
+  assert abs(watchdog.grace_s() - (0.108 + low)) < 1e-3  # One step, not the 0.8 s the blocks had left.
+  watchdog._lost_at = watchdog._block_due - 0.05  # pylint: disable=protected-access  (lost in its last step)
+  assert abs(watchdog.grace_s() - (0.05 + low)) < 1e-9
   watchdog._lost_at = watchdog._block_due + 5  # pylint: disable=protected-access  (lost long after it was due)
   assert watchdog.grace_s() == low

@@ -14,6 +14,7 @@ from experiments.configs import default
 from shadowsync_jax import config as config_lib
 from shadowsync_jax.model import embedding
 from shadowsync_jax.model import step as step_lib
+from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import incremental
@@ -73,8 +74,8 @@ def test_differentials_hold_the_rows_changed_since_the_baseline_and_restore_exac
       _assert_equal(restored, saved[20])
       assert data == {'step': 20, 'position': 20}
   stats = checkpointer.stats()
-  # 10 the first baseline; at 40 the differentials since it would add up to more than half a whole checkpoint
-  # (600 rows of each replica changed): a new baseline; 20, 30, 50 differentials.
+  # 10 the first baseline; at 40 more than half the rows changed since it (600 of each replica's 1,000 and more): a
+  # new baseline; 20, 30, 50 differentials.
   assert stats['checkpoint_baselines'] == 2 and stats['checkpoint_differentials'] == 3, stats
   changed = sum(int((saved[s]['train'].row_steps > b).sum()) for s, b in ((20, 10), (30, 10), (50, 40)))
   assert stats['checkpoint_rows_written'] == 2 * L * V + changed, stats
@@ -86,6 +87,27 @@ def test_differentials_hold_the_rows_changed_since_the_baseline_and_restore_exac
   _assert_equal(restored, saved[50])
   assert data['position'] == 50
   assert jax.tree.leaves(restored)[0].sharding == jax.tree.leaves(abstract)[0].sharding
+  checkpointer.close()
+
+
+def test_a_baseline_comes_when_half_the_rows_changed_not_when_the_differentials_add_up_to_a_whole_one(tmp_path):
+  """A baseline blocks the loop, a differential does not: the rule weighs the differential a restore would read."""
+  meshes, rng = replicas.make_meshes(L), np.random.default_rng(2)
+  full = checkpointing.Checkpointer(tmp_path / 'checkpoints', meshes, max_to_keep=None)
+  tree = initial = _state(meshes, rng)
+  checkpointer = incremental.IncrementalCheckpointer(full, meshes, rebaseline_fraction=0.5, initial=lambda: initial)
+  shares = []
+  for step in range(1, 6):  # 100 random rows a replica each time: ~10%, 19%, 27%, 34%, 41% of them changed.
+    tree = _train(tree, rng, step, 100)
+    checkpointer.save(step, tree)
+    shares.append(checkpointer.last_save['bytes'] / memory.state_bytes(tree))
+  assert checkpointer.stats()['checkpoint_baselines'] == 0 and sum(shares) > 1.0 and max(shares) < 0.5, shares
+  tree = _train(tree, rng, 6, 400)  # Now more than half the rows changed since the initial state.
+  checkpointer.save(6, tree)
+  assert checkpointer.last_save['kind'] == 'baseline' and checkpointer.stats()['checkpoint_baselines'] == 1
+  checkpointer.wait()
+  restored, _ = checkpointer.restore(5, checkpointing.abstract_like(tree))
+  assert int(np.asarray(restored['train'].step)[0]) == 5
   checkpointer.close()
 
 
@@ -182,7 +204,7 @@ def test_a_live_state_is_a_differential_over_the_checkpoints_baseline(tmp_path):
   keeper = live_state.LiveKeeper(tmp_path / 'live', every_s=0.0)
   keeper.use_differentials(checkpointer)
   tree = _train(initial, rng, 10, 600)
-  checkpointer.save(10, tree)  # 600 of 1,000 rows changed: more than half a whole checkpoint, a baseline.
+  checkpointer.save(10, tree)  # 600 of 1,000 rows changed: more than half the rows, a baseline.
   checkpointer.wait()
   assert checkpointer.stats()['checkpoint_baselines'] == 1
   tree = _train(tree, rng, 15, 300)

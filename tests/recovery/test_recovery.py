@@ -219,7 +219,7 @@ def test_an_emulated_save_cost_sets_the_interval_and_holds_the_loop(tmp_path, in
 
 def test_modelled_incremental_checkpoints_cost_the_share_of_the_rows_changed(tmp_path, initial_state):
   """With emulated save costs, a save after the baseline holds the loop for the bytes of the rows stamped since
-  it and the dense part; once the differentials since the baseline would add up to a whole one, a baseline again."""
+  it and the dense part; once half the rows changed since the baseline, a baseline again."""
   recovery, driver, checkpointer = _unit_recovery(
     tmp_path,
     initial_state,
