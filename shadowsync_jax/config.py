@@ -198,8 +198,8 @@ def base_config() -> ml_collections.ConfigDict:
   # replica's), fewer rows where the share would write more; 0 = the share alone. A tenth of Criteo Kaggle's rows is
   # 216 MB a save, whose copy blocked the loop most of a second; the most used rows take most lookups well before.
   config.recovery.priority_max_bytes = 64 << 20
-  # cpr_*: steps between priority saves; 0 = a quarter of the interval, a save skipped while the last one's ranking
-  # and writing (threads beside training) exceed `priority_max_overhead` of the time since it started.
+  # cpr_*: steps between priority saves; 0 = a quarter of the interval until a save's ranking and writing (threads
+  # beside training) are timed, then as often as keeps them within `priority_max_overhead` of the time.
   config.recovery.priority_every_steps = 0
   config.recovery.priority_max_overhead = 0.05
   # Partial modes: the share of the time a survivor's host copies of its live state may cost (with incremental

@@ -111,6 +111,15 @@ def partial_recovery_interval(target_pls: float, mtbf_steps: float, num_parts: i
   return good
 
 
+def budget_interval_steps(cost_s: float, step_s: float, max_overhead: float, least_steps: int) -> int:
+  """Steps between saves that cost `cost_s` each (in threads beside training) so that they take at most
+  `max_overhead` of the time at `step_s` a step, and never fewer than `least_steps` (CPR-MFU/SSU's priority saves:
+  `recovery.real`)."""
+  if not (cost_s >= 0 and step_s > 0 and max_overhead > 0):
+    raise ValueError(f'need cost_s >= 0, step_s > 0, max_overhead > 0; got {cost_s}, {step_s}, {max_overhead}.')
+  return max(least_steps, math.ceil(cost_s / (max_overhead * step_s)))
+
+
 def lost_steps(failures: Sequence[Failure], checkpoint_steps: Sequence[int]) -> list[int]:
   """Steps of its part's updates each failure newly loses under partial recovery, in the order of `failures`.
 

@@ -121,3 +121,11 @@ def test_partial_recovery_interval_is_the_longest_under_the_target():
   assert pls_K[0] > 0.003  # a checkpoint every step loses 1 - e^-(1 / (N mtbf)) = 0.0031
   with pytest.raises(ValueError, match='unreachable'):
     ci.partial_recovery_interval(0.003, mtbf, num_parts, total)
+
+
+def test_saves_beside_training_come_as_often_as_their_budget_allows_and_no_more_often_than_asked():
+  # 0.8 s a save, 5% of the time, 68 ms a step: a save every 16 s, 236 steps.
+  assert ci.budget_interval_steps(0.8, 0.068, 0.05, least_steps=9) == 236
+  assert ci.budget_interval_steps(0.001, 0.068, 0.05, least_steps=9) == 9
+  with pytest.raises(ValueError):
+    ci.budget_interval_steps(0.8, 0.0, 0.05, least_steps=9)

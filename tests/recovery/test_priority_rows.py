@@ -155,6 +155,9 @@ def test_a_save_is_due_once_its_threads_took_at_most_the_share_of_the_time_since
     saver = priority_rows.PrioritySaver(
       tmp_path / str(share), CARDINALITIES, fraction=0.1, sample_rate=None, seed=0, max_overhead=share
     )
+    if share:
+      assert not saver.due()  # With a budget the first call ranks the counts so far, in the background.
+      saver.wait()
     assert saver.due()
     saver.save(1, rows)
     saver.wait()
@@ -167,4 +170,21 @@ def test_a_save_is_due_once_its_threads_took_at_most_the_share_of_the_time_since
   saver.wait()
   time.sleep(2 * saver.last_cost_s)
   assert saver.due()
+  saver.close()
+
+
+def test_with_a_budget_no_save_waits_for_a_ranking(tmp_path, monkeypatch):
+  """With a budget, the first `due` of a saver starts ranking in the counting thread and says no; the save it then
+  allows takes the rows ranked there, and the training thread never ranks."""
+  saver = priority_rows.PrioritySaver(tmp_path, CARDINALITIES, fraction=0.1, sample_rate=None, seed=0, max_overhead=0.5)
+  saver.count(np.arange(2 * 26).reshape(2, 26) % 10)  # Two examples' ids, one a table.
+  ranked_in = []
+  top_rows = saver._top_rows  # pylint: disable=protected-access
+  monkeypatch.setattr(saver, '_top_rows', lambda: (ranked_in.append(threading.current_thread().name), top_rows())[1])
+  assert not saver.due()
+  saver.wait()
+  assert saver.due()
+  saver.save(1, {'table': jnp.zeros((1, 260, 3), jnp.float32)})
+  saver.wait()
+  assert ranked_in and threading.main_thread().name not in ranked_in, ranked_in
   saver.close()
