@@ -206,8 +206,7 @@ class PrioritySaver:
       rows_K = self._top_rows()
     else:
       rows_K = self._ranked.result()
-    self._ranked = futures.Future()  # The next save's rows: the counts up to here, ranked in the background.
-    self._counter.put(self._ranked)
+    self._rank_in_background()  # The next save's rows: the counts up to here.
     if self._shards is None:
       values = row_usage.extract_rows(rows, rows_K, row_axis=1)
     else:
@@ -231,13 +230,17 @@ class PrioritySaver:
     starts ranking the counts so far in the background, and says no (at Criteo Kaggle's size a first save ranking
     them in the training thread blocked it 1.2 s, at every restart)."""
     if self._ranked is None and self._max_overhead:
-      self._hand_over()
-      self._ranked = futures.Future()
-      self._counter.put(self._ranked)
+      self._rank_in_background()
       return False
     if self.writing():
       return False
     return not self._max_overhead or time.monotonic() - self._started >= self._cost_s / self._max_overhead
+
+  def _rank_in_background(self) -> None:
+    """The counts handed over so far, ranked by the counting thread into `_ranked` (after the batches before)."""
+    self._hand_over()
+    self._ranked = futures.Future()
+    self._counter.put(self._ranked)
 
   def _top_rows(self) -> np.ndarray:
     """The rows the next save takes: the most counted ones, [K]; with `shards`, each shard's own, [L, K]."""

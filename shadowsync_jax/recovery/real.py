@@ -241,9 +241,7 @@ class RealFailures:
     """After a block of `steps` data steps that ended at `step` (`block`: its batches [L, K, B, ...]): a lost peer
     ends the process here (after saving the live state); otherwise the checkpoint and priority save due, and a kill
     the launcher was asked for."""
-    reason = distributed.peer_lost()
-    if reason is not None:
-      self._stop_for_a_lost_peer(step, state_L, self._local(driver.sync_state()), reason)
+    self._stop_if_a_peer_is_lost(step, state_L, driver)
     if self._control.fd is not None or self._processes > 1:
       # The block is done before its last step is reported (the launcher kills at it, the restart plan goes on from
       # it): the loop never waits otherwise, and a position dispatched but not trained would be taken as trained.
@@ -279,9 +277,9 @@ class RealFailures:
       record = {'event': 'saved', 'generation': self._generation, 'process': self._process}
       history.append(self._workdir, self._writer, {**record, 'step': self._unconfirmed, 'complete': self._unconfirmed})
       self._unconfirmed = None
-    if (reason := distributed.peer_lost()) is not None:  # Lost during this boundary's work: this step's state, read
-      # now, before the next block is dispatched (where its steps are collectives, it would never end).
-      self._stop_for_a_lost_peer(step, state_L, self._local(driver.sync_state()), reason)
+    # Lost during this boundary's work: this step's state, read now, before the next block is dispatched (where its
+    # steps are collectives, it would never end).
+    self._stop_if_a_peer_is_lost(step, state_L, driver)
     self._control.step(step)
     self._control.reached(step)
     return state_L, driver, None
@@ -636,6 +634,10 @@ class RealFailures:
     return None if sync_state_R is None else replicas.to_local(sync_state_R, self._meshes)
 
   # A lost peer.
+
+  def _stop_if_a_peer_is_lost(self, step: int, state_L: Any, driver: Any) -> None:
+    if (reason := distributed.peer_lost()) is not None:
+      self._stop_for_a_lost_peer(step, state_L, self._local(driver.sync_state()), reason)
 
   def _stop_for_a_lost_peer(self, step: int, state_L: Any, sync_state_L: PyTree, reason: str) -> None:
     """At a block boundary: saves what survives (this step's live state, under partial recovery), writes it down,
