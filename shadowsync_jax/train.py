@@ -243,11 +243,12 @@ class _MetricLog:
 
 
 def steps_per_dispatch(config: ml_collections.ConfigDict) -> int | str:
-  """`train.steps_per_dispatch`, but 1 under a shadow thread (`shadow_*` without sharded tables): under blocks the
-  steps run faster, the pacer (a share of a faster loop) reads the rounds dearer and spaces them further apart, and
-  the sync study lost NE against sync_sgd (docs/studies/loop.md); until that trade is studied, those runs keep one
-  step a dispatch. `gba` and `async_sgd` have loops of their own, one step
-  a dispatch (a worker pulls after every push)."""
+  """`train.steps_per_dispatch`, but 1 under a shadow thread (`shadow_*` without sharded tables). Under blocks the
+  steps run faster and a round, whose work shares the process's cores, costs them a larger share: the pacer, holding
+  rounds to `sync.max_overhead`, spaces them 3-4 times further apart, and at 8 replicas of the default config
+  `shadow_bmuf` and `shadow_ea` ended 6% and 1% above their NE at one step a dispatch (docs/studies/loop.md). Until
+  that trade is studied (the sync study at a small K), those runs keep one step a dispatch. `gba` and `async_sgd`
+  have loops of their own, one step a dispatch (a worker pulls after every push)."""
   shadow_thread = config.sync.algorithm in config_lib.SHADOW_ALGORITHMS and config.sync.embedding_placement != 'sharded'
   return 1 if shadow_thread else config.train.steps_per_dispatch
 
@@ -305,6 +306,7 @@ class BlockDispatcher:
     self._collective = _steps_are_collective(config)  # A block that needs every peer: the watchdog is told of it.
     self._all_steps_compiled: int | None = None  # The K whose all-steps program is compiled (0: none will be).
     self.paused_s = 0.0  # Compiling the K 'auto' chose: no training time.
+    self.waited = False  # The last dispatch waited for its own block ('auto' timing it): no block is in flight.
 
   def dispatch(
     self, state_L: Any, step: int, due_steps: Callable[[int], list[int | None]]
@@ -315,6 +317,7 @@ class BlockDispatcher:
     more than they train (a CPR run's priority saves every 7 steps had K=64 steps of data read for each)."""
     steps = self.plan.next_block(step, due_steps(step))
     probing, started = self.plan.probing, time.perf_counter()
+    self.waited = probing
     block = self.reader.take(step, steps)
     steps_L = np.full(self._num_local, steps, np.int32)
     full = steps == self.reader.block_steps == self._all_steps_compiled  # All K: the program with a static count.
@@ -425,8 +428,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     while step < stop_step:
       state, metrics, block, steps = blocks.dispatch(state, step, hooks_due)
       step += steps
+      waited = blocks.waited
       if timed_start is None:  # The first block (one step) compiles: examples/sec counts from its end.
         jax.block_until_ready(metrics)
+        waited = True
         timed_start = time.perf_counter()
         startup_s = time.time() - psutil.Process().create_time()  # From the process's start: imports, init, compile.
       else:
@@ -438,7 +443,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       progress_line.update(step)
       # Checkpoints due here; failures (emulated), a lost peer (real: saves what survives and exits here).
       state, driver, rewind_to = recovery.at_boundary(step, state, steps, block, driver)
-      driver.loop_work(time.perf_counter() - loop_work_start)  # A shadow pace leaves a block with a save out.
+      # A shadow pace leaves out an interval that holds a save, or follows a block the loop waited for.
+      driver.loop_work(time.perf_counter() - loop_work_start, waited)
       if rewind_to is not None:  # Full recovery: the data restarts at the restored checkpoint.
         step = rewind_to
     log.flush()

@@ -55,9 +55,10 @@ class SyncDriver(Protocol):
   def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
     """After a block of `steps` steps that ended at `step`: rounds due, merges; returns the train state."""
 
-  def loop_work(self, seconds: float) -> None:
-    """The loop spent `seconds` on work of its own after the last `at_boundary` (metric writes, saves): a driver
-    that times the steps may leave the step that ends at the next boundary out."""
+  def loop_work(self, seconds: float, waited: bool = False) -> None:
+    """The loop spent `seconds` on work of its own after the last `at_boundary` (metric writes, saves); `waited`:
+    it waited there for the block it had just dispatched (the compiling one, 'auto''s probes). A driver that times
+    the blocks may leave the interval to the next boundary out."""
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds (`abandon`: at once, the run is failing) and returns the final train state."""
@@ -129,8 +130,8 @@ class RestartedSync:
   def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
     return self._driver.at_boundary(step, state_L, steps)
 
-  def loop_work(self, seconds: float) -> None:
-    self._driver.loop_work(seconds)
+  def loop_work(self, seconds: float, waited: bool = False) -> None:
+    self._driver.loop_work(seconds, waited)
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     return self._driver.finish(state_L, abandon)

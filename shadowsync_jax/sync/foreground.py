@@ -39,7 +39,7 @@ class _TrainingThreadOnly:
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     return state_L
 
-  def loop_work(self, seconds: float) -> None:
+  def loop_work(self, seconds: float, waited: bool = False) -> None:
     pass  # Nothing paces itself by the steps' times.
 
 

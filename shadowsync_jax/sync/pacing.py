@@ -6,11 +6,10 @@ r"""Shadow rounds that pace themselves: the least interval between rounds that k
   pacer.interval_s()                           # least seconds from one round's start to the next
   pacer.stats()                                # sync_interval_s, sync_round_cost_s, step times, overhead estimate
 
-A round costs the trainers the time their steps lose to it. The steps made while it is in flight, and the three
-after its snapshot is handed over or it is merged (they carry the snapshot copy and the merge, which the training
-loop sees late: it waits for a step's result one step after dispatching the next), take longer than the steps between
-rounds. Over the last `window_rounds` rounds, with t the
-mean step time between rounds,
+A round costs the trainers the time their steps lose to it. The steps made while it is in flight, and the blocks
+of steps dispatched just after its snapshot is handed over or it is merged (they carry the snapshot copy and the
+merge, which the device runs before them), take longer than the steps between rounds. Over the last
+`window_rounds` rounds, with t the mean step time between rounds,
 
   cost of a round   c = (sum of the in-round step times - their count x t) / rounds
   throughput lost     = c / P   for rounds P seconds apart, so   P = c / max_overhead
@@ -35,7 +34,14 @@ measured afresh; so rounds are never more than `memory_s` apart, and one that co
 What the driver feeds it leaves out the steps that carry the training loop's own work (a checkpoint save,
 a metric write: `ShadowSync.loop_work`), which are neither a round's cost nor a step's.
 
-Pure bookkeeping, no clock and no threads: the driver (`shadow.ShadowSync`) feeds it what it timed.
+Which block an interval belongs to (`BlockClock`): the loop keeps one block in flight (docs/design.md §3), so the
+time from one boundary to the next is the device's time for the block dispatched at the boundary before (and what
+that boundary put on the device ahead of it), not for the block just dispatched. Blocks cut to different lengths
+(a boundary due every quarter of the pace, a log step) made the two differ by up to K times: a block of 16 steps
+timed as one of 1 step read steps between rounds 3 times as slow as those in rounds, and spaced rounds by that.
+
+Pure bookkeeping, no clock and no threads: the drivers (`shadow.ShadowSync`, `scheduled.ScheduledShadowSync`) feed
+it what they timed.
 """
 
 import collections
@@ -47,6 +53,10 @@ WARMUP_ROUNDS = 1  # Rounds left out of the estimates: the first runs its progra
 MIN_STEPS_MEASURED = 5  # Steps between rounds before their mean time is trusted.
 CONFIDENCE_Z = 2.0  # The pace uses the cost's mean plus this many standard errors (about a 97.5% upper bound).
 MEMORY_S = 20.0  # Rounds merged longer ago than this (seconds of training) leave the estimates.
+# Blocks after a boundary that handed over a snapshot or merged a round timed as in the round. The loop dispatches
+# block i, then (at boundary i) the copy or merge, which the device runs after block i and before block i + 1: block
+# i + 1 carries its cost (block i + 2: a margin).
+TAIL_BOUNDARIES = 2
 
 
 class _Round(NamedTuple):
@@ -208,3 +218,47 @@ class Pacer:
       'step_time_in_round_s': w.in_round_s / w.in_round_steps if w.in_round_steps else None,
       'sync_overhead_estimate': cost_s * w.rounds / period_s if cost_s is not None and period_s else None,
     }
+
+
+class BlockClock:
+  """Feeds a `Pacer` the interval between two block boundaries as the steps of the block it timed (module
+  docstring), in a round or between rounds.
+
+    clock.boundary(now, steps, in_flight)   # at every boundary, after dispatching a block of `steps`
+    clock.touched()                         # this boundary handed over a snapshot or merged a round
+    clock.skip()                            # the loop's own work (a save, a metric read) fills the next interval
+  """
+
+  def __init__(self, pacer: Pacer):
+    self._pacer = pacer
+    self.reset()
+
+  def reset(self) -> None:
+    """Nothing timed yet: the next boundary starts the first interval."""
+    self._last_s: float | None = None
+    self._timed_steps = 0  # The block the next interval times (the one dispatched before the last boundary),
+    self._timed_in_round = False  # and whether it ran in a round.
+    self._tail = 0  # Blocks still to be dispatched that carry a hand-over's or a merge's cost.
+
+  def boundary(self, now: float, steps: int, in_flight: bool) -> None:
+    """A boundary at `now`, after dispatching a block of `steps`, before this boundary's own work; `in_flight`: a
+    round is in flight (since the last boundary's work). The interval since the last boundary is the last block's.
+    The block just dispatched runs after the last boundary's work: in a round if one was in flight then, or if a
+    hand-over or a merge was among that work (or the one before)."""
+    if self._last_s is not None and self._timed_steps:
+      self._pacer.observe_steps(now - self._last_s, self._timed_steps, in_round=self._timed_in_round)
+    self._timed_in_round = self.in_round(in_flight)
+    self._tail = max(0, self._tail - 1)
+    self._last_s, self._timed_steps = now, steps
+
+  def touched(self) -> None:
+    self._tail = TAIL_BOUNDARIES
+
+  def in_round(self, in_flight: bool) -> bool:
+    """Whether the block dispatched next is timed as in a round (`in_flight`: a round is in flight)."""
+    return in_flight or self._tail > 0
+
+  def skip(self) -> None:
+    """The next interval is not a block's device time (the loop waited for the device or did its own work): it is
+    left out, and the block dispatched at this boundary is timed with it."""
+    self._last_s = None

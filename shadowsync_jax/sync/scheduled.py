@@ -47,7 +47,6 @@ from shadowsync_jax.sync import pacing
 from shadowsync_jax.sync import rounds
 
 PyTree = Any
-_TAIL_STEPS = 3  # Steps after a dispatch or a merge that may still carry its cost (see shadow._TAIL_STEPS).
 
 
 class _InFlight:
@@ -84,8 +83,7 @@ class ScheduledShadowSync:
     self._in_flight: _InFlight | None = None
     self._next_round_step: int | None = None
     self._agreed_gap: int | None = None
-    self._last_boundary_s: float | None = None
-    self._tail_steps = 0
+    self._clock = pacing.BlockClock(self._pacer)
     self._gaps = rounds.GapTracker()
 
   def initial_sync_state(self, state_L: Any) -> PyTree:
@@ -101,7 +99,8 @@ class ScheduledShadowSync:
     self._sync_state_R = self._merged_sync_state_R = sync_state_R
     first = int(state_L.step[0])
     self._gaps.reset(first)
-    self._next_round_step, self._in_flight, self._last_boundary_s, self._tail_steps = first + 1, None, None, 0
+    self._next_round_step, self._in_flight = first + 1, None
+    self._clock.reset()
 
   def sync_state(self) -> PyTree:
     return self._merged_sync_state_R
@@ -110,28 +109,23 @@ class ScheduledShadowSync:
     return self._next_round_step if self._next_round_step > step else None
 
   def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
-    now = time.perf_counter()
-    if self._last_boundary_s is not None:
-      in_round = self._in_flight is not None or self._tail_steps > 0
-      self._pacer.observe_steps(now - self._last_boundary_s, steps, in_round=in_round)
-    self._tail_steps = max(0, self._tail_steps - steps)
+    self._clock.boundary(time.perf_counter(), steps, self._in_flight is not None)
     due = step >= self._next_round_step
     if self._in_flight is not None and (due or self._in_flight.ready()):
       state_L = self._merge(state_L, step)  # When the next round is due, it waits for this one: its gap is needed.
     if due:
       state_L = self._dispatch(state_L, step)
-    self._last_boundary_s = time.perf_counter()
     return state_L
 
-  def loop_work(self, seconds: float) -> None:
-    """As `shadow.ShadowSync.loop_work`: a step that carried a save or a write is left out of the pace."""
+  def loop_work(self, seconds: float, waited: bool = False) -> None:
+    """As `shadow.ShadowSync.loop_work`: an interval that carries a save, a write or a wait is left out of the pace."""
     step_s = self._pacer.step_time_s()
-    if step_s is not None and seconds > step_s:
-      self._last_boundary_s = None
+    if waited or (step_s is not None and seconds > step_s):
+      self._clock.skip()
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Merges the round in flight (none is dispatched after the last step); `abandon` drops it."""
-    self._last_boundary_s = None
+    self._clock.skip()
     if self._in_flight is not None and not abandon:
       state_L = self._merge(state_L, step=None)
     self._in_flight = None
@@ -155,7 +149,7 @@ class ScheduledShadowSync:
     )
     self._in_flight = _InFlight(snapshot_L, synced_R, self._sync_state_R, agreed_gap, step)
     self._next_round_step = step + (self._agreed_gap or 1)  # The gap the last round agreed on: known everywhere.
-    self._tail_steps = _TAIL_STEPS
+    self._clock.touched()
     return state_L
 
   def _merge(self, state_L: Any, step: int | None) -> Any:
@@ -169,7 +163,8 @@ class ScheduledShadowSync:
     self._gaps.merged(step, latency_s)
     if step is not None:
       self._pacer.observe_round(latency_s)
-    self._in_flight, self._tail_steps = None, _TAIL_STEPS
+    self._in_flight = None
+    self._clock.touched()
     return state_L
 
   def _my_gap_steps(self) -> int:
@@ -177,8 +172,8 @@ class ScheduledShadowSync:
     room for the round's steps and enough steps between rounds to measure it."""
     step_s = self._pacer.step_time_s()
     if step_s is None:
-      return _TAIL_STEPS + pacing.MIN_STEPS_MEASURED + 1
-    return max(_TAIL_STEPS + 1, math.ceil(self._pacer.interval_s() / step_s))
+      return pacing.TAIL_BOUNDARIES + pacing.MIN_STEPS_MEASURED + 1
+    return max(pacing.TAIL_BOUNDARIES + 1, math.ceil(self._pacer.interval_s() / step_s))
 
   def _gap_array(self, gap_steps: int) -> jax.Array:
     """This process's gap on each of its devices, as its part of a job-wide [R] array."""

@@ -57,10 +57,6 @@ from shadowsync_jax.sync import rounds
 PyTree = Any
 _POLL_S = 0.05  # How often a waiting thread checks whether it was asked to stop.
 _ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
-# Steps after a snapshot hand-over or a merge that may still carry its cost. The loop dispatches step i, then (at
-# boundary i) the copy or merge, then waits for step i-1: the copy or merge runs after step i and delays step i+1,
-# which the loop waits for after boundary i+2, so its time lands in the third step timed after boundary i.
-_TAIL_STEPS = 3
 FRESHNESS = 0.25  # A boundary comes at least every this share of the pace: a round waits no longer for one.
 
 
@@ -98,9 +94,8 @@ class ShadowSync:
     self._name, self._meshes, self._groups, self._tables = name, meshes, groups, tables
     self._pacer = pacing.Pacer(max_overhead, None if min_interval_s == 'auto' else float(min_interval_s))
     self._interval_s = self._pacer.interval_s()  # Written by the training thread, read by the shadow thread.
-    self._last_boundary_s: float | None = None  # When the last timed step boundary was.
+    self._clock = pacing.BlockClock(self._pacer)
     self._in_flight = False  # A snapshot was handed over and its round not merged yet.
-    self._tail_steps = 0  # Steps left that carry the last hand-over's or merge's cost.
     self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job)
     self._agree = _round_agreement(meshes)
     self._job_interval_s: float | None = None  # The longest pace of the processes, agreed at the last round.
@@ -130,7 +125,8 @@ class ShadowSync:
     self._compile_rounds(state_L, sync_state_R)
     self._sync_state_R = sync_state_R
     self._gaps.reset(int(state_L.step[0]))
-    self._last_boundary_s, self._in_flight, self._tail_steps = None, False, 0
+    self._clock.reset()
+    self._in_flight = False
     self._stop.clear()
     self._done.clear()
     self._snapshot_wanted.clear()
@@ -164,25 +160,21 @@ class ShadowSync:
     """After a block of `steps` steps: raise the thread's error, time the steps for the pace, merge a finished
     round, hand over a wanted snapshot."""
     self._raise_if_failed()
-    now = time.perf_counter()
-    if self._last_boundary_s is not None:
-      in_round = self._in_flight or self._tail_steps > 0
-      self._pacer.observe_steps(now - self._last_boundary_s, steps, in_round=in_round)
-    self._tail_steps = max(0, self._tail_steps - steps)
+    self._clock.boundary(time.perf_counter(), steps, self._in_flight)
     state_L = self._step_boundary(state_L, step)
     self._interval_s = self._pacer.interval_s()
-    self._last_boundary_s = now
     return state_L
 
-  def loop_work(self, seconds: float) -> None:
+  def loop_work(self, seconds: float, waited: bool = False) -> None:
     """The loop's own work since the last boundary (metric writes, saves, its recovery's bookkeeping) took
-    `seconds`. If that is longer than a mean step between rounds, the step that ends at the next boundary is left
-    out of the pace: it carries a save or a write (which waits for the device), not a round's cost, and a few such
-    steps among a round's would make the round look many times dearer. Bookkeeping of microseconds leaves the step
-    timed, and so does everything before a step time is known (so that one gets known)."""
+    `seconds`; `waited`: the loop waited for the block it had just dispatched (the compiling one, 'auto''s probes).
+    If it waited, or its work took longer than a mean step between rounds, the interval to the next boundary is left
+    out of the pace: it carries a save, a write or a wait for the device, not a round's cost, and a few such
+    intervals among a round's would make the round look many times dearer. Bookkeeping of microseconds leaves the
+    interval timed, and so does everything else before a step time is known (so that one gets known)."""
     step_s = self._pacer.step_time_s()
-    if step_s is not None and seconds > step_s:
-      self._last_boundary_s = None
+    if waited or (step_s is not None and seconds > step_s):
+      self._clock.skip()
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds and joins the thread; raises its error if it failed.
@@ -191,7 +183,7 @@ class ShadowSync:
     stream, and the rounds finished meanwhile are merged (they count as rounds, not as sync gaps). `abandon` (the run is
     failing) drops the round in flight and returns within seconds, without raising the thread's error.
     """
-    self._last_boundary_s = None  # What comes before the next step (a save, the end) is no step time.
+    self._clock.skip()  # What comes before the next step (a save, the end) is no step time.
     if self._thread is None:
       return state_L
     if abandon:  # The thread may be stuck in a collective with a dead process: wait a little, not forever.
@@ -249,13 +241,15 @@ class ShadowSync:
       state_L = state_L._replace(params=rounds.with_synced(state_L.params, synced_groups))
       self._sync_state_R = sync_state_R
       self._gaps.merged(step, latency_s)
-      self._in_flight, self._tail_steps = False, _TAIL_STEPS
+      self._in_flight = False
+      self._clock.touched()
       if step is not None:
         self._pacer.observe_round(latency_s)
     if self._snapshot_wanted.is_set():
       self._snapshot_wanted.clear()
       self._snapshots.put(rounds.copy(rounds.select(state_L.params, self._groups)))
-      self._in_flight, self._tail_steps = True, _TAIL_STEPS
+      self._in_flight = True
+      self._clock.touched()
     return state_L
 
   def _run(self) -> None:

@@ -185,3 +185,55 @@ def test_an_early_costly_round_ages_out_of_the_pace():
   unforgetting = pacing.Pacer(max_overhead=0.05, memory_s=1e9)  # What it did before: one round, the whole run.
   _, rounds_kept = _simulate(unforgetting, 20_000, lambda step: 40.0 if step < slow_until_step else 1.5, round_steps=5)
   assert rounds_kept < 20 < rounds, (rounds_kept, rounds)
+
+
+def test_the_block_clock_times_the_block_in_flight_not_the_one_just_dispatched():
+  """The loop keeps one block in flight: the time from one boundary to the next is the block dispatched before the
+  first of them. Blocks of 16 and 1 steps at 10 ms a step, each timed as the block just dispatched, read steps of
+  160 ms and 0.6 ms; timed as the block in flight, every step reads 10 ms."""
+  pacer = pacing.Pacer(max_overhead=0.05)
+  clock = pacing.BlockClock(pacer)
+  sizes = [1, 16, 1, 16, 1, 16, 1]
+  now = 0.0
+  for previous, steps in zip([None] + sizes, sizes):
+    now += (previous or 0) * STEP_S  # The wait at this boundary ends with the block before this one.
+    clock.boundary(now, steps, in_flight=False)
+  assert pacer.step_time_s() == pytest.approx(STEP_S)
+  assert pacer.round_cost_bound_s() is None  # No round yet.
+  assert pacer._open.between_sq_s2 == pytest.approx(sum(sizes[:-1]) * STEP_S**2)  # pylint: disable=protected-access
+
+
+def test_the_block_clock_counts_the_blocks_a_round_touched_as_in_it():
+  """A snapshot handed over (or a round merged) at boundary i is copied on the device after block i and before
+  block i + 1: block i ran before it (between rounds), blocks i + 1 and i + 2 carry it (in the round); a block that
+  ran while a round was in flight is in it. `skip` leaves out the next interval (the loop's own work filled it)."""
+  pacer = pacing.Pacer(max_overhead=0.05)
+  clock = pacing.BlockClock(pacer)
+  now, in_flight = 0.0, False
+
+  def boundary(steps, seconds):
+    nonlocal now
+    now += seconds
+    clock.boundary(now, steps, in_flight)
+
+  boundary(4, 0.0)  # Block 0 dispatched: nothing timed yet.
+  boundary(4, 4 * STEP_S)  # Times block 0; block 1 dispatched, then the hand-over.
+  in_flight = True
+  clock.touched()
+  assert clock.in_round(in_flight)
+  boundary(4, 4 * STEP_S)  # Times block 1: it ran before the copy.
+  assert (pacer._open.between_steps, pacer._open.in_round_steps) == (8, 0)  # pylint: disable=protected-access
+  boundary(4, 8 * STEP_S)  # Times block 2: after the copy, beside the round.
+  in_flight = False  # Merged at this boundary.
+  clock.touched()
+  boundary(4, 8 * STEP_S)  # Block 3: in flight.
+  boundary(4, 8 * STEP_S)  # Block 4: after the merge.
+  boundary(4, 8 * STEP_S)  # Block 5: the margin.
+  assert (pacer._open.between_steps, pacer._open.in_round_steps) == (8, 16)  # pylint: disable=protected-access
+  assert not clock.in_round(in_flight)
+  boundary(4, 4 * STEP_S)  # Block 6: between.
+  clock.skip()
+  boundary(4, 100 * STEP_S)  # Left out: a save filled it.
+  boundary(4, 4 * STEP_S)  # Block 8: between.
+  assert (pacer._open.between_steps, pacer._open.in_round_steps) == (16, 16)  # pylint: disable=protected-access
+  assert pacer._open.between_s == pytest.approx(16 * STEP_S)  # pylint: disable=protected-access

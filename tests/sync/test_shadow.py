@@ -426,8 +426,10 @@ def test_only_the_shadow_thread_may_issue_job_wide_collectives():
 
 
 def test_steps_beside_a_round_and_between_rounds_are_timed_apart(monkeypatch):
-  """The pace comes from step times: those made while a round is in flight, and the three after it is merged (they
-  carry the merge), count as in the round; those while the thread waits for its next round count as between."""
+  """The pace comes from step times: those made while a round is in flight, and the two after it is merged (they
+  carry the merge), count as in the round; those while the thread waits for its next round count as between, and so
+  does the step dispatched just before the boundary that hands the snapshot over (the device runs it before the
+  copy). The time between two boundaries is the step dispatched before the first of them (one in flight)."""
   monkeypatch.setattr(pacing, 'WARMUP_ROUNDS', 0)  # Keep the one round in the estimates, to look at it.
   loop = Loop(_driver('ma', 4, min_interval_s=1000.0), 4)  # One round, then the thread waits.
   with _holding_rounds(loop.driver, monkeypatch) as held:
@@ -438,7 +440,7 @@ def test_steps_beside_a_round_and_between_rounds_are_timed_apart(monkeypatch):
   loop.run(10)
   pacer = loop.driver._pacer  # pylint: disable=protected-access
   (first,) = pacer._rounds  # pylint: disable=protected-access
-  assert first.in_round_steps >= 10 and first.between_steps == 0, first
+  assert first.in_round_steps >= 10 and first.between_steps == 1, first
   since = pacer._open  # pylint: disable=protected-access
   assert (since.in_round_steps, since.between_steps) == (3, 7), since
   stats = loop.driver.stats()
@@ -553,7 +555,8 @@ def test_a_wait_for_a_late_peer_is_no_rounds_cost(monkeypatch):
     loop.run(10)
     assert not loop.driver._snapshot_wanted.is_set()  # pylint: disable=protected-access
     waited = loop.driver._pacer._open  # pylint: disable=protected-access  (the steps since the first merge)
-    assert waited.in_round_steps == shadow_sync._TAIL_STEPS and waited.between_steps >= 10 - waited.in_round_steps
+    # In the round: the step dispatched before the merge's boundary (the round was in flight), the two after it.
+    assert waited.in_round_steps == 1 + pacing.TAIL_BOUNDARIES and waited.between_steps >= 10 - waited.in_round_steps
   finally:
     late.arrive.set()
   loop.wait_for_rounds(2)
