@@ -229,8 +229,9 @@ class BlockClock:
     clock.skip()                            # the loop's own work (a save, a metric read) fills the next interval
   """
 
-  def __init__(self, pacer: Pacer):
-    self._pacer = pacer
+  def __init__(self, pacer: Pacer, tail_blocks: int = TAIL_BOUNDARIES):
+    """`tail_blocks`: the blocks dispatched after a hand-over or a merge that are timed as in the round."""
+    self._pacer, self._tail_blocks = pacer, tail_blocks
     self.reset()
 
   def reset(self) -> None:
@@ -252,7 +253,7 @@ class BlockClock:
     self._last_s, self._timed_steps = now, steps
 
   def touched(self) -> None:
-    self._tail = TAIL_BOUNDARIES
+    self._tail = self._tail_blocks
 
   def in_round(self, in_flight: bool) -> bool:
     """Whether the block dispatched next is timed as in a round (`in_flight`: a round is in flight)."""

@@ -24,8 +24,11 @@ thread that dispatches steps also dispatches the rounds, after the same step on 
 - round n + 1 goes after step s_{n+1} = s_n + g_{n-1}, the gap the round before agreed (known on every process by
   then: round n - 1 was merged at s_n at the latest, waiting for it if it was not done, which then costs the
   trainers that wait); the next round's sync state is round n's output, passed on without a wait.
-The steps between a dispatch and the merge are timed as in the round; the pace comes from the same budget as the
-thread's (`sync.max_overhead`). The job's steps are lock-step already (every lookup is a collective), so every
+The devices run a round between two blocks, in the order dispatched, so the block after its dispatch and the block
+after its merge carry its cost and are timed as in the round (`pacing.BlockClock`); the loop ends a block one and
+two steps after every dispatch (`next_due`, the same steps on every process), so that a round's cost lands in short
+blocks and the rest of the gap is timed as between rounds. The pace comes from the same budget as the thread's
+(`sync.max_overhead`). The job's steps are lock-step already (every lookup is a collective), so every
 process reaches the same steps, and after the last step no round is dispatched: `finish` merges the one in flight.
 """
 
@@ -83,7 +86,8 @@ class ScheduledShadowSync:
     self._in_flight: _InFlight | None = None
     self._next_round_step: int | None = None
     self._agreed_gap: int | None = None
-    self._clock = pacing.BlockClock(self._pacer)
+    self._clock = pacing.BlockClock(self._pacer, tail_blocks=1)
+    self._dispatched_at: int | None = None  # The step after which the last round was dispatched.
     self._gaps = rounds.GapTracker()
 
   def initial_sync_state(self, state_L: Any) -> PyTree:
@@ -99,17 +103,21 @@ class ScheduledShadowSync:
     self._sync_state_R = self._merged_sync_state_R = sync_state_R
     first = int(state_L.step[0])
     self._gaps.reset(first)
-    self._next_round_step, self._in_flight = first + 1, None
+    self._next_round_step, self._in_flight, self._dispatched_at = first + 1, None, None
     self._clock.reset()
 
   def sync_state(self) -> PyTree:
     return self._merged_sync_state_R
 
   def next_due(self, step: int) -> int | None:
-    return self._next_round_step if self._next_round_step > step else None
+    """The next round's step; before it, the boundaries one and two steps after the last dispatch (module
+    docstring). Every process computes the same steps."""
+    after = [] if self._dispatched_at is None else [self._dispatched_at + 1, self._dispatched_at + 2]
+    due = [at for at in (*after, self._next_round_step) if at > step]
+    return min(due) if due else None
 
   def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
-    self._clock.boundary(time.perf_counter(), steps, self._in_flight is not None)
+    self._clock.boundary(time.perf_counter(), steps, in_flight=False)  # Only the blocks after a touch carry it.
     due = step >= self._next_round_step
     if self._in_flight is not None and (due or self._in_flight.ready()):
       state_L = self._merge(state_L, step)  # When the next round is due, it waits for this one: its gap is needed.
@@ -149,6 +157,7 @@ class ScheduledShadowSync:
     )
     self._in_flight = _InFlight(snapshot_L, synced_R, self._sync_state_R, agreed_gap, step)
     self._next_round_step = step + (self._agreed_gap or 1)  # The gap the last round agreed on: known everywhere.
+    self._dispatched_at = step
     self._clock.touched()
     return state_L
 

@@ -66,3 +66,25 @@ def test_a_round_merges_its_synced_dense_params_and_keeps_the_local_steps():
     expected = np.arange(-1.5, 2.5).reshape(-1, 1, 1) * steps_since_snapshot
     np.testing.assert_allclose(spread, np.broadcast_to(expected, spread.shape), atol=1e-3)
     assert round(steps_since_snapshot) >= 1  # The steps made beside the round were kept, not averaged away.
+
+
+def test_under_blocks_the_steps_between_rounds_are_timed():
+  """The loop dispatches blocks of up to K steps, cut at the driver's `next_due`. A round runs on the devices between
+  two blocks, so the block after its dispatch (and after its merge) carries it; the driver ends blocks one and two
+  steps after every dispatch, so the rest of each gap is timed as between rounds and the pace gets measured. (With a
+  block of a whole gap after every dispatch, no step fell between rounds and the gap stayed at its fallback.)"""
+  config = _config('shadow_ma')
+  meshes = replicas.make_meshes(4)
+  state = train.init_replicated_state(config, meshes)
+  driver = drivers.make_driver(config, meshes)
+  driver.start(state, driver.initial_sync_state(state))
+  step, blocks = 0, []
+  while step < 200:
+    due = driver.next_due(step)
+    steps = min(16, due - step) if due is not None else 16
+    step += steps
+    blocks.append(steps)
+    state = driver.at_boundary(step, state, steps)
+  driver.finish(state)
+  assert driver.stats()['step_time_s'] is not None, blocks
+  assert driver.stats()['sync_rounds'] >= 3 and blocks.count(1) >= 6, blocks
