@@ -50,6 +50,7 @@ from shadowsync_jax.sync import pacing
 from shadowsync_jax.sync import rounds
 
 PyTree = Any
+_SHORT_BLOCKS = 2  # Blocks of one step after each dispatch: a round's cost, and its merge's, lands in them.
 
 
 class _InFlight:
@@ -112,7 +113,7 @@ class ScheduledShadowSync:
   def next_due(self, step: int) -> int | None:
     """The next round's step; before it, the boundaries one and two steps after the last dispatch (module
     docstring). Every process computes the same steps."""
-    after = [] if self._dispatched_at is None else [self._dispatched_at + 1, self._dispatched_at + 2]
+    after = [] if self._dispatched_at is None else [self._dispatched_at + n for n in range(1, _SHORT_BLOCKS + 1)]
     due = [at for at in (*after, self._next_round_step) if at > step]
     return min(due) if due else None
 
@@ -181,8 +182,8 @@ class ScheduledShadowSync:
     room for the round's steps and enough steps between rounds to measure it."""
     step_s = self._pacer.step_time_s()
     if step_s is None:
-      return pacing.TAIL_BOUNDARIES + pacing.MIN_STEPS_MEASURED + 1
-    return max(pacing.TAIL_BOUNDARIES + 1, math.ceil(self._pacer.interval_s() / step_s))
+      return _SHORT_BLOCKS + pacing.MIN_STEPS_MEASURED + 1
+    return max(_SHORT_BLOCKS + 1, math.ceil(self._pacer.interval_s() / step_s))
 
   def _gap_array(self, gap_steps: int) -> jax.Array:
     """This process's gap on each of its devices, as its part of a job-wide [R] array."""
