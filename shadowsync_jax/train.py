@@ -437,14 +437,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       else:
         timed_steps += steps
       delay.after_block(metrics, steps)
-      state = driver.at_boundary(step, state, steps)
+      waited = waited or delay.slowdown != 1  # A straggler waits for each block to stretch it.
+      state = driver.at_boundary(step, state, steps, waited)  # Shadow paces time the blocks that ended since the last.
       loop_work_start = time.perf_counter()
       log.at_boundary(step, state, steps, metrics, driver)
       progress_line.update(step)
       # Checkpoints due here; failures (emulated), a lost peer (real: saves what survives and exits here).
       state, driver, rewind_to = recovery.at_boundary(step, state, steps, block, driver)
-      # A shadow pace leaves out an interval that holds a save, or follows a block the loop waited for.
-      driver.loop_work(time.perf_counter() - loop_work_start, waited)
+      driver.loop_work(time.perf_counter() - loop_work_start)  # A shadow pace leaves a block with a save out.
       if rewind_to is not None:  # Full recovery: the data restarts at the restored checkpoint.
         step = rewind_to
     log.flush()

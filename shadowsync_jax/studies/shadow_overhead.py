@@ -237,8 +237,7 @@ class _Loop:
       self.state, _, _, n = self._blocks.dispatch(self.state, self._step, due)
       self._step += n
       if driver is not None:
-        self.state = driver.at_boundary(self._step, self.state, n)
-        driver.loop_work(0.0, self._blocks.waited)
+        self.state = driver.at_boundary(self._step, self.state, n, self._blocks.waited)
     jax.block_until_ready(self.state)
     return steps * self._examples_per_step / (time.perf_counter() - start)
 

@@ -52,13 +52,14 @@ class SyncDriver(Protocol):
   def next_due(self, step: int) -> int | None:
     """The first step after `step` at whose boundary it must act (a round due); None: any boundary will do."""
 
-  def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
-    """After a block of `steps` steps that ended at `step`: rounds due, merges; returns the train state."""
+  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False) -> Any:
+    """After a block of `steps` steps that ended at `step`: rounds due, merges; returns the train state. `waited`:
+    the loop waited for this block before the boundary (it keeps one in flight otherwise), for drivers that time
+    the blocks."""
 
-  def loop_work(self, seconds: float, waited: bool = False) -> None:
-    """The loop spent `seconds` on work of its own after the last `at_boundary` (metric writes, saves); `waited`:
-    it waited there for the block it had just dispatched (the compiling one, 'auto''s probes). A driver that times
-    the blocks may leave the interval to the next boundary out."""
+  def loop_work(self, seconds: float) -> None:
+    """The loop spent `seconds` on work of its own after the last `at_boundary` (metric writes, saves): a driver
+    that times the blocks may leave the interval to the next boundary out."""
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds (`abandon`: at once, the run is failing) and returns the final train state."""
@@ -127,11 +128,11 @@ class RestartedSync:
   def next_due(self, step: int) -> int | None:
     return self._driver.next_due(step)
 
-  def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
-    return self._driver.at_boundary(step, state_L, steps)
+  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False) -> Any:
+    return self._driver.at_boundary(step, state_L, steps, waited)
 
-  def loop_work(self, seconds: float, waited: bool = False) -> None:
-    self._driver.loop_work(seconds, waited)
+  def loop_work(self, seconds: float) -> None:
+    self._driver.loop_work(seconds)
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     return self._driver.finish(state_L, abandon)

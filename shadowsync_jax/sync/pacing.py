@@ -224,7 +224,7 @@ class BlockClock:
   """Feeds a `Pacer` the interval between two block boundaries as the steps of the block it timed (module
   docstring), in a round or between rounds.
 
-    clock.boundary(now, steps, in_flight)   # at every boundary, after dispatching a block of `steps`
+    clock.boundary(now, steps, in_flight, waited)   # at every boundary, after dispatching a block of `steps`
     clock.touched()                         # this boundary handed over a snapshot or merged a round
     clock.skip()                            # the loop's own work (a save, a metric read) fills the next interval
   """
@@ -241,16 +241,22 @@ class BlockClock:
     self._timed_in_round = False  # and whether it ran in a round.
     self._tail = 0  # Blocks still to be dispatched that carry a hand-over's or a merge's cost.
 
-  def boundary(self, now: float, steps: int, in_flight: bool) -> None:
+  def boundary(self, now: float, steps: int, in_flight: bool, waited: bool = False) -> None:
     """A boundary at `now`, after dispatching a block of `steps`, before this boundary's own work; `in_flight`: a
-    round is in flight (since the last boundary's work). The interval since the last boundary is the last block's.
+    round is in flight (since the last boundary's work); `waited`: the loop waited for this block before this
+    boundary (the compiling block, 'auto''s probes, a straggler's blocks), so none is in flight. The interval since
+    the last boundary holds the blocks that ended in it: the one in flight then, and this one if it was waited for.
     The block just dispatched runs after the last boundary's work: in a round if one was in flight then, or if a
     hand-over or a merge was among that work (or the one before)."""
-    if self._last_s is not None and self._timed_steps:
-      self._pacer.observe_steps(now - self._last_s, self._timed_steps, in_round=self._timed_in_round)
-    self._timed_in_round = self.in_round(in_flight)
+    in_round = self.in_round(in_flight)
+    steps_done, in_round_done = self._timed_steps, self._timed_in_round
+    if waited:
+      steps_done, in_round_done = steps_done + steps, in_round_done or in_round
+    if self._last_s is not None and steps_done:
+      self._pacer.observe_steps(now - self._last_s, steps_done, in_round=in_round_done)
+    self._timed_steps, self._timed_in_round = (0, False) if waited else (steps, in_round)
     self._tail = max(0, self._tail - 1)
-    self._last_s, self._timed_steps = now, steps
+    self._last_s = now
 
   def touched(self) -> None:
     self._tail = self._tail_blocks

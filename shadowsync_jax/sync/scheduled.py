@@ -117,8 +117,8 @@ class ScheduledShadowSync:
     due = [at for at in (*after, self._next_round_step) if at > step]
     return min(due) if due else None
 
-  def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
-    self._clock.boundary(time.perf_counter(), steps, in_flight=False)  # Only the blocks after a touch carry it.
+  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False) -> Any:
+    self._clock.boundary(time.perf_counter(), steps, False, waited)  # Only the blocks after a touch carry a round.
     due = step >= self._next_round_step
     if self._in_flight is not None and (due or self._in_flight.ready()):
       state_L = self._merge(state_L, step)  # When the next round is due, it waits for this one: its gap is needed.
@@ -126,10 +126,10 @@ class ScheduledShadowSync:
       state_L = self._dispatch(state_L, step)
     return state_L
 
-  def loop_work(self, seconds: float, waited: bool = False) -> None:
-    """As `shadow.ShadowSync.loop_work`: an interval that carries a save, a write or a wait is left out of the pace."""
+  def loop_work(self, seconds: float) -> None:
+    """As `shadow.ShadowSync.loop_work`: an interval that carries a save or a write is left out of the pace."""
     step_s = self._pacer.step_time_s()
-    if waited or (step_s is not None and seconds > step_s):
+    if step_s is not None and seconds > step_s:
       self._clock.skip()
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:

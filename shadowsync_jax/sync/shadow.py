@@ -156,24 +156,23 @@ class ShadowSync:
       return step + pacing.MIN_STEPS_MEASURED
     return step + max(1, int(FRESHNESS * self._interval_s / step_s))
 
-  def at_boundary(self, step: int, state_L: Any, steps: int) -> Any:
+  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False) -> Any:
     """After a block of `steps` steps: raise the thread's error, time the steps for the pace, merge a finished
     round, hand over a wanted snapshot."""
     self._raise_if_failed()
-    self._clock.boundary(time.perf_counter(), steps, self._in_flight)
+    self._clock.boundary(time.perf_counter(), steps, self._in_flight, waited)
     state_L = self._step_boundary(state_L, step)
     self._interval_s = self._pacer.interval_s()
     return state_L
 
-  def loop_work(self, seconds: float, waited: bool = False) -> None:
+  def loop_work(self, seconds: float) -> None:
     """The loop's own work since the last boundary (metric writes, saves, its recovery's bookkeeping) took
-    `seconds`; `waited`: the loop waited for the block it had just dispatched (the compiling one, 'auto''s probes).
-    If it waited, or its work took longer than a mean step between rounds, the interval to the next boundary is left
-    out of the pace: it carries a save, a write or a wait for the device, not a round's cost, and a few such
+    `seconds`. If that is longer than a mean step between rounds, the interval to the next boundary is left out of
+    the pace: it carries a save or a write (which waits for the device), not a round's cost, and a few such
     intervals among a round's would make the round look many times dearer. Bookkeeping of microseconds leaves the
-    interval timed, and so does everything else before a step time is known (so that one gets known)."""
+    interval timed, and so does everything before a step time is known (so that one gets known)."""
     step_s = self._pacer.step_time_s()
-    if waited or (step_s is not None and seconds > step_s):
+    if step_s is not None and seconds > step_s:
       self._clock.skip()
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:

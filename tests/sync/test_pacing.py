@@ -237,3 +237,22 @@ def test_the_block_clock_counts_the_blocks_a_round_touched_as_in_it():
   boundary(4, 4 * STEP_S)  # Block 8: between.
   assert (pacer._open.between_steps, pacer._open.in_round_steps) == (16, 16)  # pylint: disable=protected-access
   assert pacer._open.between_s == pytest.approx(16 * STEP_S)  # pylint: disable=protected-access
+
+
+def test_a_block_waited_for_at_its_own_boundary_is_timed_as_itself():
+  """A straggler waits for each block to stretch it (as do 'auto''s probes and the compiling block): then no block
+  is in flight, and the interval up to its boundary holds that block (with the one in flight before it, if any)."""
+  pacer = pacing.Pacer(max_overhead=0.05)
+  clock = pacing.BlockClock(pacer)
+  now = 0.0
+  clock.boundary(now, 1, in_flight=False, waited=True)  # The compiling block: nothing before it.
+  for steps in (16, 1, 16, 1):  # Each waited for: its interval is its own time.
+    now += steps * STEP_S
+    clock.boundary(now, steps, in_flight=False, waited=True)
+  assert pacer.step_time_s() == pytest.approx(STEP_S)
+  now += 0.0001  # Then one kept in flight: the next interval (the loop's wait for nothing) times no block,
+  clock.boundary(now, 8, in_flight=False)
+  now += 8 * STEP_S  # and the one after it times that block.
+  clock.boundary(now, 8, in_flight=False)
+  assert pacer._open.between_steps == 34 + 8  # pylint: disable=protected-access
+  assert pacer.step_time_s() == pytest.approx(STEP_S, rel=1e-3)
