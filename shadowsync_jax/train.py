@@ -437,7 +437,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       else:
         timed_steps += steps
       delay.after_block(metrics, steps)
-      waited = waited or delay.slowdown != 1  # A straggler waits for each block to stretch it.
+      waited = waited or delay.waits_for_blocks
       state = driver.at_boundary(step, state, steps, waited)  # Shadow paces time the blocks that ended since the last.
       loop_work_start = time.perf_counter()
       log.at_boundary(step, state, steps, metrics, driver)

@@ -61,9 +61,14 @@ class Straggler:
       return None
     return self.slowed_s / self.slowed_steps / self.own_step_s
 
+  @property
+  def waits_for_blocks(self) -> bool:
+    """Whether `after_block` waits for the block it is given (to stretch it): then none is left in flight."""
+    return self.slowdown != 1
+
   def after_block(self, block_result: Any, steps: int) -> None:
     """After a dispatch of `steps` steps (the loop plans blocks that end where calibration does)."""
-    if self.slowdown == 1:
+    if not self.waits_for_blocks:
       return
     jax.block_until_ready(block_result)
     if self.own_step_s is None:

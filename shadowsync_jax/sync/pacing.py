@@ -56,7 +56,7 @@ MEMORY_S = 20.0  # Rounds merged longer ago than this (seconds of training) leav
 # Blocks after a boundary that handed over a snapshot or merged a round timed as in the round. The loop dispatches
 # block i, then (at boundary i) the copy or merge, which the device runs after block i and before block i + 1: block
 # i + 1 carries its cost (block i + 2: a margin).
-TAIL_BOUNDARIES = 2
+TAIL_BLOCKS = 2
 
 
 class _Round(NamedTuple):
@@ -226,10 +226,10 @@ class BlockClock:
 
     clock.boundary(now, steps, in_flight, waited)   # at every boundary, after dispatching a block of `steps`
     clock.touched()                         # this boundary handed over a snapshot or merged a round
-    clock.skip()                            # the loop's own work (a save, a metric read) fills the next interval
+    clock.skip()                            # the loop's own work fills the next interval: it is not timed
   """
 
-  def __init__(self, pacer: Pacer, tail_blocks: int = TAIL_BOUNDARIES):
+  def __init__(self, pacer: Pacer, tail_blocks: int = TAIL_BLOCKS):
     """`tail_blocks`: the blocks dispatched after a hand-over or a merge that are timed as in the round."""
     self._pacer, self._tail_blocks = pacer, tail_blocks
     self.reset()
@@ -266,6 +266,6 @@ class BlockClock:
     return in_flight or self._tail > 0
 
   def skip(self) -> None:
-    """The next interval is not a block's device time (the loop waited for the device or did its own work): it is
-    left out, and the block dispatched at this boundary is timed with it."""
+    """The next interval is not a block's device time (the loop did its own work in it: a save, a metric read): it
+    is left out, with the block it would have timed."""
     self._last_s = None

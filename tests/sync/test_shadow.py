@@ -556,7 +556,7 @@ def test_a_wait_for_a_late_peer_is_no_rounds_cost(monkeypatch):
     assert not loop.driver._snapshot_wanted.is_set()  # pylint: disable=protected-access
     waited = loop.driver._pacer._open  # pylint: disable=protected-access  (the steps since the first merge)
     # In the round: the step dispatched before the merge's boundary (the round was in flight), the two after it.
-    assert waited.in_round_steps == 1 + pacing.TAIL_BOUNDARIES and waited.between_steps >= 10 - waited.in_round_steps
+    assert waited.in_round_steps == 1 + pacing.TAIL_BLOCKS and waited.between_steps >= 10 - waited.in_round_steps
   finally:
     late.arrive.set()
   loop.wait_for_rounds(2)
