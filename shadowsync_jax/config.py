@@ -173,7 +173,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   config.straggler = ml_collections.ConfigDict()
   config.straggler.process = -1  # The process made slower (-1 = none): a straggler, to study sync under one.
-  config.straggler.slowdown = 1.0  # How many times as long its own steps take (it sleeps after each; calibrated).
+  config.straggler.slowdown = (
+    1.0  # How many times as long its own steps take (it sleeps before each block; calibrated).
+  )
   config.straggler.warmup_steps = 100  # Its first steps after the compiling one, slower than steady ones: not timed.
   config.straggler.calibration_steps = 100  # Then timed, not slowed: their mean is its own step time.
 

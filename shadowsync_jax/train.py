@@ -272,8 +272,15 @@ class BlockDispatcher:
   'auto' probes, times the blocks, then compiles the K it chose. `train_and_evaluate` and the timed windows of
   `studies.shadow_overhead` loop over it."""
 
-  def __init__(self, config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes, source, stop_step: int):
-    self._config, self._meshes = config, meshes
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    meshes: replicas.ReplicaMeshes,
+    source,
+    stop_step: int,
+    delay: straggler.Straggler | None = None,
+  ):
+    self._config, self._meshes, self._delay = config, meshes, delay
     self._num_local = meshes.local.shape[replicas.REPLICA_AXIS]
     first = jax.process_index() * self._num_local
     max_steps = block_plan.max_steps_for(self._num_local * config.batch_size)
@@ -316,6 +323,8 @@ class BlockDispatcher:
     long as `due_steps` of its first step says it will be: blocks cut short by events every few steps read no
     more than they train (a CPR run's priority saves every 7 steps had K=64 steps of data read for each)."""
     steps = self.plan.next_block(step, due_steps(step))
+    if self._delay is not None:  # A straggler's sleep, before its block: a peer's same block waits for it.
+      self._delay.before_block(steps)
     probing, started = self.plan.probing, time.perf_counter()
     self.waited = probing
     block = self.reader.take(step, steps)
@@ -409,11 +418,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   state, sync_state, start_step = recovery.resume(checkpointing.FreshState(fresh_state, meshes))
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
-  blocks = BlockDispatcher(config, meshes, train_source, stop_step)
+  delay = straggler.from_config(config, process_index)
+  blocks = BlockDispatcher(config, meshes, train_source, stop_step, delay)
   writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
   log = _MetricLog(writer, config, examples_per_step)
   progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
-  delay = straggler.from_config(config, process_index)
 
   driver.start(state, sync_state)
   recovery.start(start_step, state, sync_state)
@@ -426,19 +435,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   step, timed_start, timed_steps, startup_s = start_step, None, 0, None
   try:
     while step < stop_step:
+      paused_before = blocks.paused_s
       state, metrics, block, steps = blocks.dispatch(state, step, hooks_due)
       step += steps
-      waited = blocks.waited
-      if timed_start is None:  # The first block (one step) compiles: examples/sec counts from its end.
+      # Blocks the loop waits for before their boundary (none is left in flight): the first (it compiles), 'auto''s
+      # probes, a straggler's (stretched), and every block whose last step recovery reports as trained.
+      first = timed_start is None
+      waited = first or blocks.waited or delay.waits_for_blocks or recovery.waits_for_blocks
+      if waited:
         jax.block_until_ready(metrics)
-        waited = True
+      if first:  # Examples/sec counts from the end of the first block (one step).
         timed_start = time.perf_counter()
         startup_s = time.time() - psutil.Process().create_time()  # From the process's start: imports, init, compile.
       else:
         timed_steps += steps
       delay.after_block(metrics, steps)
-      waited = waited or delay.waits_for_blocks
-      state = driver.at_boundary(step, state, steps, waited)  # Shadow paces time the blocks that ended since the last.
+      # Shadow paces time the blocks that ended since the last boundary, less a compile of 'auto''s K.
+      state = driver.at_boundary(step, state, steps, waited, blocks.paused_s - paused_before)
       loop_work_start = time.perf_counter()
       log.at_boundary(step, state, steps, metrics, driver)
       progress_line.update(step)

@@ -2,8 +2,9 @@
 
   delay = straggler.from_config(config, process_index)   # Straggler(slowdown, warmup_steps, calibration_steps)
   for block in ...:
+    delay.before_block(n)                           # once calibrated: sleeps first, what the block will not take
     state, metrics = train_block(state, block)      # n steps in one dispatch (one, for gba's workers)
-    delay.after_block(metrics, n)  # waits for them; once calibrated, sleeps until n x slowdown x its own step time
+    delay.after_block(metrics, n)                   # waits for them and times them
   delay.restart()                  # after a wait that is no step (another process compiling): not timed
 
 Its own step time is measured before it is slowed, while every process runs at the same pace: its mean step time over
@@ -12,15 +13,23 @@ than its steady ones: caches fill, peers finish compiling; timing them set a "2x
 steady step under sync_sgd). A block of n steps is timed from the end of the previous `after_block` to the moment its
 results are ready, each of its steps a 1/n share (data, dispatch, compute and the steps' collectives: everything the
 loop does per step), and the mean, not the median, is what a pace is (examples/sec is steps over their summed time).
-From then on each of its steps lasts `slowdown` times that: after a step it sleeps what is left of that period (nothing
-when the step alone took longer). So the slowdown is of its own work, never a multiple of the time it waits for its
-peers: timing every step and sleeping a multiple of it multiplied the waits too (under sync_sgd a "2x" straggler slowed
-the job 3.6x); and sleeping a fixed (slowdown - 1) x its step still overshot (2.55x), because a straggler that wakes to
-a peer parked in the all-reduce steps slower than one in step with it. Under sync_sgd a 2x straggler then holds a job of
-equal processes to about 1/2 of its pace; without per-step collectives it runs at about 1/2 of its own (its warm-up and
-calibration steps, unslowed, make a short run's share a little more). Waiting for every step costs it its one-step
-dispatch overlap, in the calibration too, so the period is measured against the same kind of step. `achieved_slowdown`
-says what it did: its slowed steps' mean length over its own step time.
+
+From then on a block of n steps lasts n x `slowdown` x that period: before dispatching it, the straggler sleeps what
+the block will not take, the period less the loop's work since the last block and the block's expected run (n x the
+mean step of its slowed blocks, sleep excluded; its own step time before the first). It sleeps *before* the block, not
+after it: in a job whose steps are collectives (sync_sgd, sharded tables) a peer's block waits in them for the
+straggler's, so its delay lands in the same block on every process; slept after block b, it landed in the peers' block
+b + 1, and where blocks differ in length (a scheduled shadow round's one-step blocks after 64-step ones) a one-step
+block carried a 64-step block's delay and the peers' shadow pacer read rounds as 100x dearer than they were. The
+expected run is the mean of what its slowed blocks took, not its calibrated step: a straggler that wakes to a peer
+parked in the all-reduce steps slower than one in step with it (a fixed (slowdown - 1) x its step of sleep overshot to
+2.55x under sync_sgd), and the mean takes that in. So the slowdown is of its own work, never a multiple of the time it
+waits for its peers (timing every step and sleeping a multiple of it made a "2x" straggler slow sync_sgd 3.6x). Under
+sync_sgd a 2x straggler then holds a job of equal processes to about 1/2 of its pace; without per-step collectives it
+runs at about 1/2 of its own (its warm-up and calibration steps, unslowed, make a short run's share a little more).
+Waiting for every block costs it its dispatch overlap, in the calibration too, so the period is measured against the
+same kind of step. `achieved_slowdown` says what it did: its slowed blocks' mean step, sleeps included, over its own
+step time.
 """
 
 import statistics
@@ -33,8 +42,8 @@ from shadowsync_jax.parallel import replicas
 
 
 class Straggler:
-  """Sleeps after each step so that the process's steps last `slowdown` times its own step time (1.0: no delay, no
-  waiting)."""
+  """Sleeps before each block so that the process's steps last `slowdown` times its own step time (1.0: no delay,
+  no waiting)."""
 
   def __init__(self, slowdown: float, warmup_steps: int, calibration_steps: int):
     if slowdown < 1:
@@ -53,6 +62,8 @@ class Straggler:
     self._steps_seen = 0  # Timed steps (the compiling first one is not), warm-up included.
     self._step_times: list[float] = []
     self._last_end: float | None = None
+    self._woke: float | None = None  # When `before_block` last finished sleeping (None: no slowed block pending).
+    self._run_s, self._run_steps = 0.0, 0  # The slowed blocks' runs (from the sleep's end to ready), summed.
 
   @property
   def achieved_slowdown(self) -> float | None:
@@ -66,13 +77,26 @@ class Straggler:
     """Whether `after_block` waits for the block it is given (to stretch it): then none is left in flight."""
     return self.slowdown != 1
 
+  def before_block(self, steps: int) -> None:
+    """Before a dispatch of `steps` steps: once calibrated, sleeps what of their period (`steps` x `slowdown` x its
+    own step) the loop's work since the last block and the block's expected run will not fill."""
+    if not self.waits_for_blocks or self.own_step_s is None or self._last_end is None:
+      return
+    expected_step_s = self._run_s / self._run_steps if self._run_steps else self.own_step_s
+    elapsed = time.perf_counter() - self._last_end
+    delay = max(0.0, steps * (self.slowdown * self.own_step_s - expected_step_s) - elapsed)
+    time.sleep(delay)
+    self.slept_s += delay
+    self._woke = time.perf_counter()
+
   def after_block(self, block_result: Any, steps: int) -> None:
-    """After a dispatch of `steps` steps (the loop plans blocks that end where calibration does)."""
+    """After a dispatch of `steps` steps: waits for them; times them (the loop plans blocks that end where
+    calibration does)."""
     if not self.waits_for_blocks:
       return
     jax.block_until_ready(block_result)
+    now = time.perf_counter()
     if self.own_step_s is None:
-      now = time.perf_counter()
       if self._last_end is not None:  # The first step compiles: it is not a step time.
         for _ in range(steps):
           self._steps_seen += 1
@@ -80,13 +104,13 @@ class Straggler:
             self._step_times.append((now - self._last_end) / steps)
       if len(self._step_times) == self._calibration_steps:
         self.own_step_s = statistics.fmean(self._step_times)
-    else:
-      delay = max(0.0, steps * self.slowdown * self.own_step_s - (time.perf_counter() - self._last_end))
-      time.sleep(delay)
-      self.slept_s += delay
+    elif self._woke is not None:
+      self._run_s += now - self._woke
+      self._run_steps += steps
       self.slowed_steps += steps
-      self.slowed_s += time.perf_counter() - self._last_end
-    self._last_end = time.perf_counter()
+      self.slowed_s += now - self._last_end
+    self._woke = None
+    self._last_end = now
 
   def next_due(self, step: int, first_step: int) -> int | None:
     """Where its calibration ends (the loop ends a block there), for a run whose first step is `first_step`; None
@@ -100,6 +124,7 @@ class Straggler:
     """The next step is timed from now: the wait since the last step (a compilation elsewhere, a checkpoint) is
     not part of its steps."""
     self._last_end = time.perf_counter()
+    self._woke = None
 
 
 def from_config(config: Any, process_index: int) -> Straggler:

@@ -207,6 +207,8 @@ class EmulatedFailures:
     self._warm_up(step, state_L)
     self._last_mark = time.perf_counter()
 
+  waits_for_blocks = False  # Its failures are emulated at boundaries: nothing reports a step outside the process.
+
   def next_due(self, step: int) -> int | None:
     """The first step after `step` at whose boundary something is due: a failure (on the clock of steps executed),
     the end of the calibration, a checkpoint, a priority save."""

@@ -37,6 +37,8 @@ class RecoveryPolicy(Protocol):
 
   def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None: ...
 
+  waits_for_blocks: bool  # Each block must be done before its boundary (the loop waits for it).
+
   def next_due(self, step: int) -> int | None: ...
 
   def at_boundary(

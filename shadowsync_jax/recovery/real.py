@@ -224,6 +224,14 @@ class RealFailures:
 
   # The loop.
 
+  @property
+  def waits_for_blocks(self) -> bool:
+    """Whether each block must be done before its boundary: its last step is reported as trained (the launcher
+    kills at it, the restart plan goes on from it), in a job of several processes or under a launcher's control
+    pipe; a position dispatched but not trained would be taken as trained. The wait costs the device the host's
+    work for the next dispatch, which K keeps a small share of a block."""
+    return self._control.fd is not None or self._processes > 1
+
   def next_due(self, step: int) -> int | None:
     """The first step after `step` at whose boundary something is due: a kill asked for, the calibration's end, a
     checkpoint, a priority save (the same on every process that has the same config and history)."""
@@ -242,10 +250,7 @@ class RealFailures:
     ends the process here (after saving the live state); otherwise the checkpoint and priority save due, and a kill
     the launcher was asked for."""
     self._stop_if_a_peer_is_lost(step, state_L, driver)
-    if self._control.fd is not None or self._processes > 1:
-      # The block is done before its last step is reported (the launcher kills at it, the restart plan goes on from
-      # it): the loop never waits otherwise, and a position dispatched but not trained would be taken as trained.
-      # The wait costs the device the host's work for the next dispatch, which K keeps a small share of a block.
+    if self.waits_for_blocks:  # The loop has waited for it already (it times its blocks so); a safeguard here.
       jax.block_until_ready(state_L.step)
     if self._timing is None:
       self._timing = (time.perf_counter(), step)  # The first step compiled: the clock starts after it.

@@ -52,9 +52,10 @@ class SyncDriver(Protocol):
   def next_due(self, step: int) -> int | None:
     """The first step after `step` at whose boundary it must act (a round due); None: any boundary will do."""
 
-  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False) -> Any:
+  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
     """After a block of `steps` steps that ended at `step`: rounds due, merges; returns the train state. `waited`:
-    the loop waited for this block before the boundary (it keeps one in flight otherwise), for drivers that time
+    the loop waited for this block before the boundary (it keeps one in flight otherwise); `paused_s`: seconds since
+    the last boundary that were no training (compiling the programs of the K 'auto' chose): for drivers that time
     the blocks."""
 
   def loop_work(self, seconds: float) -> None:
@@ -128,8 +129,8 @@ class RestartedSync:
   def next_due(self, step: int) -> int | None:
     return self._driver.next_due(step)
 
-  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False) -> Any:
-    return self._driver.at_boundary(step, state_L, steps, waited)
+  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
+    return self._driver.at_boundary(step, state_L, steps, waited, paused_s)
 
   def loop_work(self, seconds: float) -> None:
     self._driver.loop_work(seconds)

@@ -65,7 +65,7 @@ class NoSync(_TrainingThreadOnly):
   def next_due(self, step: int) -> None:
     return None
 
-  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False) -> Any:
+  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
     self._steps += steps
     return state_L
 
@@ -118,7 +118,7 @@ class ForegroundSync(_TrainingThreadOnly):
   def next_due(self, step: int) -> int:
     return (step // self._every + 1) * self._every
 
-  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False) -> Any:
+  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
     """A round if `step` is a multiple of k (the loop ends a block at each: `next_due`)."""
     if step % self._every:
       return state_L

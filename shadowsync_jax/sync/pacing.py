@@ -193,7 +193,9 @@ class Pacer:
 
   def interval_s(self) -> float:
     """The least seconds from one round's start to the next's: `fixed_interval_s` if set; else 0 until a round
-    after the warm-up was measured, then the paced interval."""
+    after the warm-up was measured, then the paced interval, `memory_s` at most (a driver that fixes the next
+    round's step when it dispatches one, `scheduled`'s, would otherwise keep a costly round's gap past the time
+    the estimates forget it, with no round in between to measure afresh)."""
     if self.fixed_interval_s is not None:
       return self.fixed_interval_s
     w = self._window
@@ -201,8 +203,9 @@ class Pacer:
       return 0.0
     cost_s, step_s = self.round_cost_bound_s(), self.step_time_s()
     if cost_s is None:  # No step between rounds measured yet: the round may have stopped training throughout.
-      return w.latency_s / w.rounds / self.max_overhead
-    return max(cost_s / self.max_overhead, w.in_round_s / w.rounds + STEPS_BETWEEN_ROUNDS * step_s)
+      return min(self.memory_s, w.latency_s / w.rounds / self.max_overhead)
+    paced_s = max(cost_s / self.max_overhead, w.in_round_s / w.rounds + STEPS_BETWEEN_ROUNDS * step_s)
+    return min(self.memory_s, paced_s)
 
   def stats(self) -> dict[str, Any]:
     """sync_interval_s (the pace now), sync_round_cost_s and its bound, step_time_s (between rounds),
@@ -224,7 +227,7 @@ class BlockClock:
   """Feeds a `Pacer` the interval between two block boundaries as the steps of the block it timed (module
   docstring), in a round or between rounds.
 
-    clock.boundary(now, steps, in_flight, waited)   # at every boundary, after dispatching a block of `steps`
+    clock.boundary(now, steps, in_flight, waited, paused_s)   # at every boundary, after dispatching a block
     clock.touched()                         # this boundary handed over a snapshot or merged a round
     clock.skip()                            # the loop's own work fills the next interval: it is not timed
   """
@@ -241,11 +244,13 @@ class BlockClock:
     self._timed_in_round = False  # and whether it ran in a round.
     self._tail = 0  # Blocks still to be dispatched that carry a hand-over's or a merge's cost.
 
-  def boundary(self, now: float, steps: int, in_flight: bool, waited: bool = False) -> None:
+  def boundary(self, now: float, steps: int, in_flight: bool, waited: bool = False, paused_s: float = 0.0) -> None:
     """A boundary at `now`, after dispatching a block of `steps`, before this boundary's own work; `in_flight`: a
     round is in flight (since the last boundary's work); `waited`: the loop waited for this block before this
-    boundary (the compiling block, 'auto''s probes, a straggler's blocks), so none is in flight. The interval since
-    the last boundary holds the blocks that ended in it: the one in flight then, and this one if it was waited for.
+    boundary (the compiling block, 'auto''s probes, a straggler's blocks), so none is in flight; `paused_s`: seconds
+    of the interval that were no training (compiling the programs of the K 'auto' chose), left out of it. The
+    interval since the last boundary holds the blocks that ended in it: the one in flight then, and this one if it
+    was waited for.
     The block just dispatched runs after the last boundary's work: in a round if one was in flight then, or if a
     hand-over or a merge was among that work (or the one before)."""
     in_round = self.in_round(in_flight)
@@ -253,7 +258,7 @@ class BlockClock:
     if waited:
       steps_done, in_round_done = steps_done + steps, in_round_done or in_round
     if self._last_s is not None and steps_done:
-      self._pacer.observe_steps(now - self._last_s, steps_done, in_round=in_round_done)
+      self._pacer.observe_steps(max(0.0, now - self._last_s - paused_s), steps_done, in_round=in_round_done)
     self._timed_steps, self._timed_in_round = (0, False) if waited else (steps, in_round)
     self._tail = max(0, self._tail - 1)
     self._last_s = now

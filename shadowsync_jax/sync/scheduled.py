@@ -117,8 +117,9 @@ class ScheduledShadowSync:
     due = [at for at in (*after, self._next_round_step) if at > step]
     return min(due) if due else None
 
-  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False) -> Any:
-    self._clock.boundary(time.perf_counter(), steps, False, waited)  # Only the blocks after a touch carry a round.
+  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
+    # Only the blocks after a touch carry a round.
+    self._clock.boundary(time.perf_counter(), steps, False, waited, paused_s)
     due = step >= self._next_round_step
     if self._in_flight is not None and (due or self._in_flight.ready()):
       state_L = self._merge(state_L, step)  # When the next round is due, it waits for this one: its gap is needed.

@@ -156,11 +156,11 @@ class ShadowSync:
       return step + pacing.MIN_STEPS_MEASURED
     return step + max(1, int(FRESHNESS * self._interval_s / step_s))
 
-  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False) -> Any:
+  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
     """After a block of `steps` steps: raise the thread's error, time the steps for the pace, merge a finished
     round, hand over a wanted snapshot."""
     self._raise_if_failed()
-    self._clock.boundary(time.perf_counter(), steps, self._in_flight, waited)
+    self._clock.boundary(time.perf_counter(), steps, self._in_flight, waited, paused_s)
     state_L = self._step_boundary(state_L, step)
     self._interval_s = self._pacer.interval_s()
     return state_L

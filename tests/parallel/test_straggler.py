@@ -21,9 +21,13 @@ class _Clock:
     self.now += seconds
 
 
-def _run(delay, clock, step_s):
-  clock.now += step_s
-  delay.after_block(None, 1)
+def _run(delay, clock, step_s, steps=1):
+  """One block of `steps` steps that runs `step_s` each, as the loop dispatches it; returns the seconds slept."""
+  slept = delay.slept_s
+  delay.before_block(steps)
+  clock.now += steps * step_s
+  delay.after_block(None, steps)
+  return delay.slept_s - slept
 
 
 def test_a_straggler_paces_its_steps_to_slowdown_times_its_own_calibrated_step_never_a_multiple_of_its_waits(
@@ -41,15 +45,39 @@ def test_a_straggler_paces_its_steps_to_slowdown_times_its_own_calibrated_step_n
     _run(delay, clock, step_s)
   assert delay.slept_s == 0.0 and delay.own_step_s == pytest.approx(0.02) and delay.achieved_slowdown is None
   start = clock.now
-  _run(delay, clock, step_s=0.02)
-  assert clock.now - start == pytest.approx(3 * 0.02) and delay.slept_s == pytest.approx(2 * 0.02)
-  # A step that took longer (a wait for a peer): it sleeps what is left of the period, nothing past it.
+  assert _run(delay, clock, step_s=0.02) == pytest.approx(2 * 0.02)  # Before its first slowed block: its own step.
+  assert clock.now - start == pytest.approx(3 * 0.02)
+  # Four steps that run slower than its own (it wakes to a peer parked in a collective): slept for its own step.
   start = clock.now
-  _run(delay, clock, step_s=0.05)
-  assert clock.now - start == pytest.approx(3 * 0.02) and delay.slept_s == pytest.approx(2 * 0.02 + 0.01)
-  _run(delay, clock, step_s=0.5)
-  assert delay.slept_s == pytest.approx(2 * 0.02 + 0.01)
-  assert delay.slowed_steps == 3 and delay.achieved_slowdown == pytest.approx((0.06 + 0.06 + 0.5) / 3 / 0.02)
+  assert _run(delay, clock, step_s=0.03, steps=4) == pytest.approx(4 * 2 * 0.02)
+  assert clock.now - start == pytest.approx(4 * (0.04 + 0.03))
+  # From then on a block is expected to run as long as its slowed blocks' mean step (0.14 s over 5 steps), and the
+  # loop's work since the last block is part of its period: the two steps last 3 x 0.02 each.
+  start = clock.now
+  clock.now += 0.01
+  assert _run(delay, clock, step_s=0.028, steps=2) == pytest.approx(2 * (0.06 - 0.028) - 0.01)
+  assert clock.now - start == pytest.approx(2 * 3 * 0.02)
+  # Loop work longer than the period: no sleep, never a negative one.
+  clock.now += 1.0
+  assert _run(delay, clock, step_s=0.02) == 0.0
+  assert delay.slowed_steps == 8
+  assert delay.achieved_slowdown == pytest.approx((0.06 + 0.28 + 0.12 + 1.02) / 8 / 0.02)
+
+
+def test_the_sleep_comes_before_the_block_so_a_peers_same_block_waits_for_it(monkeypatch):
+  clock = _Clock()
+  monkeypatch.setattr(straggler, 'time', clock)
+  delay = straggler.Straggler(slowdown=2.0, warmup_steps=0, calibration_steps=1)
+  _run(delay, clock, step_s=5.0)  # Compiles.
+  _run(delay, clock, step_s=0.1)  # Calibrates: 0.1 s a step.
+  before = clock.now
+  delay.before_block(64)
+  assert clock.now - before == pytest.approx(64 * 0.1)  # Slept for the 64-step block, before dispatching it.
+  clock.now += 64 * 0.1
+  delay.after_block(None, 64)
+  before = clock.now
+  delay.before_block(1)  # A one-step block after it sleeps for one step, not for the 64 before it.
+  assert clock.now - before == pytest.approx(0.1)
 
 
 def test_no_slowdown_never_waits_nor_sleeps(monkeypatch):

@@ -256,3 +256,29 @@ def test_a_block_waited_for_at_its_own_boundary_is_timed_as_itself():
   clock.boundary(now, 8, in_flight=False)
   assert pacer._open.between_steps == 34 + 8  # pylint: disable=protected-access
   assert pacer.step_time_s() == pytest.approx(STEP_S, rel=1e-3)
+
+
+def test_a_pause_that_is_no_training_is_left_out_of_the_interval():
+  """'auto' compiles the programs of the K it chose after its last probe: seconds in the probe's interval that are
+  no step's (timed as a step in a round, one such compile made a round read 30x its cost and stopped the rounds)."""
+  pacer = pacing.Pacer(max_overhead=0.05)
+  clock = pacing.BlockClock(pacer)
+  clock.boundary(0.0, 4, in_flight=False, waited=True)
+  clock.boundary(4 * STEP_S + 1.5, 4, in_flight=False, waited=True, paused_s=1.5)  # A 1.5 s compile in it.
+  clock.boundary(8 * STEP_S + 1.5, 4, in_flight=False, waited=True)  # The next interval keeps all of its time.
+  assert pacer._open.between_s == pytest.approx(8 * STEP_S)  # pylint: disable=protected-access
+
+
+def test_rounds_are_never_paced_further_apart_than_the_memory():
+  """A round measured as costing seconds would space the next one past `memory_s`; a driver that fixes the next
+  round's step when it dispatches a round (sharded tables' `scheduled`) would then keep that gap with no round in
+  between to measure afresh. The interval is `memory_s` at most."""
+  pacer = pacing.Pacer(max_overhead=0.05, memory_s=5.0)
+  for _ in range(2):
+    _round(pacer, between_steps=20, in_round_steps=2, in_round_step_s=0.5)  # A second a round: a 20 s pace.
+  assert pacer.round_cost_s() == pytest.approx(2 * (0.5 - STEP_S))
+  assert pacer.interval_s() == 5.0
+  stalled = pacing.Pacer(max_overhead=0.05, memory_s=5.0)
+  _round(stalled, between_steps=0, in_round_steps=0, in_round_step_s=0.0)  # The warm-up round.
+  _round(stalled, between_steps=0, in_round_steps=0, in_round_step_s=0.0, latency_s=2.0)  # No step time yet.
+  assert stalled.interval_s() == 5.0
