@@ -14,22 +14,23 @@ steady step under sync_sgd). A block of n steps is timed from the end of the pre
 results are ready, each of its steps a 1/n share (data, dispatch, compute and the steps' collectives: everything the
 loop does per step), and the mean, not the median, is what a pace is (examples/sec is steps over their summed time).
 
-From then on a block of n steps lasts n x `slowdown` x that period: before dispatching it, the straggler sleeps what
-the block will not take, the period less the loop's work since the last block and the block's expected run (n x the
-mean step of its slowed blocks, sleep excluded; its own step time before the first). It sleeps *before* the block, not
-after it: in a job whose steps are collectives (sync_sgd, sharded tables) a peer's block waits in them for the
-straggler's, so its delay lands in the same block on every process; slept after block b, it landed in the peers' block
-b + 1, and where blocks differ in length (a scheduled shadow round's one-step blocks after 64-step ones) a one-step
-block carried a 64-step block's delay and the peers' shadow pacer read rounds as 100x dearer than they were. The
-expected run is the mean of what its slowed blocks took, not its calibrated step: a straggler that wakes to a peer
-parked in the all-reduce steps slower than one in step with it (a fixed (slowdown - 1) x its step of sleep overshot to
-2.55x under sync_sgd), and the mean takes that in. So the slowdown is of its own work, never a multiple of the time it
-waits for its peers (timing every step and sleeping a multiple of it made a "2x" straggler slow sync_sgd 3.6x). Under
-sync_sgd a 2x straggler then holds a job of equal processes to about 1/2 of its pace; without per-step collectives it
-runs at about 1/2 of its own (its warm-up and calibration steps, unslowed, make a short run's share a little more).
-Waiting for every block costs it its dispatch overlap, in the calibration too, so the period is measured against the
-same kind of step. `achieved_slowdown` says what it did: its slowed blocks' mean step, sleeps included, over its own
-step time.
+From then on a block of n steps lasts n x `slowdown` x that period: before dispatching it, the straggler sleeps what the
+block will not take, the period less the loop's work since the last block and the block's expected run (n x the mean
+step of its slowed blocks, sleep excluded; its own step time before the first), plus what the blocks before fell short
+of their periods (a block that ran shorter than expected; the mean lags a pace that speeds up: without it a "2x"
+straggler beside a shadow thread achieved 1.89x; a block that ran longer is not made up). It sleeps *before* the block,
+not after it: in a job whose steps are collectives (sync_sgd, sharded tables) a peer's block waits in them for the
+straggler's, so its delay lands in the same block on every process; slept after block b, it landed in the peers' block b
++ 1, and where blocks differ in length (a scheduled shadow round's one-step blocks after 64-step ones) a one-step block
+carried a 64-step block's delay and the peers' shadow pacer read rounds as 100x dearer than they were. The expected run
+is the mean of what its slowed blocks took, not its calibrated step: a straggler that wakes to a peer parked in the all-
+reduce steps slower than one in step with it (a fixed (slowdown - 1) x its step of sleep overshot to 2.55x under
+sync_sgd), and the mean takes that in. So the slowdown is of its own work, never a multiple of the time it waits for its
+peers (timing every step and sleeping a multiple of it made a "2x" straggler slow sync_sgd 3.6x). Under sync_sgd a 2x
+straggler then holds a job of equal processes to about 1/2 of its pace; without per-step collectives it runs at about
+1/2 of its own (its warm-up and calibration steps, unslowed, make a short run's share a little more). Waiting for every
+block costs it its dispatch overlap, in the calibration too, so the period is measured against the same kind of step.
+`achieved_slowdown` says what it did: its slowed blocks' mean step, sleeps included, over its own step time.
 """
 
 import statistics
@@ -64,6 +65,7 @@ class Straggler:
     self._last_end: float | None = None
     self._woke: float | None = None  # When `before_block` last finished sleeping (None: no slowed block pending).
     self._run_s, self._run_steps = 0.0, 0  # The slowed blocks' runs (from the sleep's end to ready), summed.
+    self._owed_s = 0.0  # What the slowed blocks so far fell short of their periods (< 0: ran over; by one at most).
 
   @property
   def achieved_slowdown(self) -> float | None:
@@ -79,12 +81,13 @@ class Straggler:
 
   def before_block(self, steps: int) -> None:
     """Before a dispatch of `steps` steps: once calibrated, sleeps what of their period (`steps` x `slowdown` x its
-    own step) the loop's work since the last block and the block's expected run will not fill."""
+    own step) the loop's work since the last block and the block's expected run will not fill, and what the blocks
+    before fell short of theirs."""
     if not self.waits_for_blocks or self.own_step_s is None or self._last_end is None:
       return
     expected_step_s = self._run_s / self._run_steps if self._run_steps else self.own_step_s
     elapsed = time.perf_counter() - self._last_end
-    delay = max(0.0, steps * (self.slowdown * self.own_step_s - expected_step_s) - elapsed)
+    delay = max(0.0, steps * (self.slowdown * self.own_step_s - expected_step_s) - elapsed + self._owed_s)
     time.sleep(delay)
     self.slept_s += delay
     self._woke = time.perf_counter()
@@ -107,6 +110,11 @@ class Straggler:
     elif self._woke is not None:
       self._run_s += now - self._woke
       self._run_steps += steps
+      # A block whose period came out short (it ran shorter than expected) leaves the next sleep longer, one whose
+      # period came out long leaves it shorter, by at most this block's period: a long wait (a save, a peer) is not
+      # made up by running unslowed for long after it.
+      period_s = steps * self.slowdown * self.own_step_s
+      self._owed_s = max(-period_s, self._owed_s + period_s - (now - self._last_end))
       self.slowed_steps += steps
       self.slowed_s += now - self._last_end
     self._woke = None

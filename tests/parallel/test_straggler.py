@@ -44,24 +44,38 @@ def test_a_straggler_paces_its_steps_to_slowdown_times_its_own_calibrated_step_n
   for step_s in (0.01, 0.04, 0.01):  # Calibration: timed at the job's even pace, not slowed; their mean is a pace.
     _run(delay, clock, step_s)
   assert delay.slept_s == 0.0 and delay.own_step_s == pytest.approx(0.02) and delay.achieved_slowdown is None
-  start = clock.now
+  first_slowed = start = clock.now
   assert _run(delay, clock, step_s=0.02) == pytest.approx(2 * 0.02)  # Before its first slowed block: its own step.
   assert clock.now - start == pytest.approx(3 * 0.02)
-  # Four steps that run slower than its own (it wakes to a peer parked in a collective): slept for its own step.
+  # Four steps that run slower than its own (it wakes to a peer parked in a collective): slept for its own step, so
+  # their period runs over by 0.04 s.
   start = clock.now
   assert _run(delay, clock, step_s=0.03, steps=4) == pytest.approx(4 * 2 * 0.02)
   assert clock.now - start == pytest.approx(4 * (0.04 + 0.03))
-  # From then on a block is expected to run as long as its slowed blocks' mean step (0.14 s over 5 steps), and the
-  # loop's work since the last block is part of its period: the two steps last 3 x 0.02 each.
-  start = clock.now
+  # From then on a block is expected to run as long as its slowed blocks' mean step (0.14 s over 5 steps); the loop's
+  # work since the last block is part of its period, and the overrun before is made up: the two blocks last their
+  # 6 periods.
   clock.now += 0.01
-  assert _run(delay, clock, step_s=0.028, steps=2) == pytest.approx(2 * (0.06 - 0.028) - 0.01)
+  assert _run(delay, clock, step_s=0.028, steps=2) == pytest.approx(2 * (0.06 - 0.028) - 0.01 - 0.04)
+  assert clock.now - start == pytest.approx(6 * 3 * 0.02)
+  # A block that runs shorter than expected falls short of its period: the next sleep makes it up.
+  start = clock.now
+  _run(delay, clock, step_s=0.005)
+  assert clock.now - start < 3 * 0.02
+  _run(delay, clock, step_s=delay._run_s / delay._run_steps)  # pylint: disable=protected-access
   assert clock.now - start == pytest.approx(2 * 3 * 0.02)
-  # Loop work longer than the period: no sleep, never a negative one.
+  # Loop work longer than the period (a save): no sleep, never a negative one, and of the overrun one period at most
+  # is made up after it (the next block's sleep), not seconds of unslowed steps.
   clock.now += 1.0
   assert _run(delay, clock, step_s=0.02) == 0.0
-  assert delay.slowed_steps == 8
-  assert delay.achieved_slowdown == pytest.approx((0.06 + 0.28 + 0.12 + 1.02) / 8 / 0.02)
+  start, expected_step_s = clock.now, delay._run_s / delay._run_steps  # pylint: disable=protected-access
+  assert _run(delay, clock, expected_step_s) == 0.0  # The one period it makes up,
+  assert _run(delay, clock, expected_step_s) > 0.0  # and slowed again from the next block:
+  _run(delay, clock, expected_step_s)
+  _run(delay, clock, expected_step_s)
+  assert clock.now - start == pytest.approx((4 - 1) * 3 * 0.02)  # four blocks in three periods.
+  assert delay.slowed_steps == 14
+  assert delay.achieved_slowdown == pytest.approx((clock.now - first_slowed) / 14 / 0.02)
 
 
 def test_the_sleep_comes_before_the_block_so_a_peers_same_block_waits_for_it(monkeypatch):
