@@ -32,6 +32,11 @@ MAX_STEPS = 256  # The longest block 'auto' chooses,
 MAX_BLOCK_EXAMPLES = 2**20  # and at most this many of a process's examples a block (`max_steps_for`).
 
 
+def steps_until_chosen(steps_per_dispatch: int | str) -> int:
+  """Steps from a run's start until its K is in use: the compiling block, and 'auto''s probe (its blocks uncut)."""
+  return 1 + (sum(PROBE) if steps_per_dispatch == 'auto' else 0)
+
+
 def choose_steps_per_dispatch(host_s: float, step_s: float, max_steps: int, host_share: float = HOST_SHARE) -> int:
   """The smallest power of two K with K step_s >= host_s / host_share, at most `max_steps` (and at least 1)."""
   if host_s <= 0:

@@ -76,8 +76,12 @@ class ScheduledShadowSync:
     min_interval_s: float | str = 'auto',
     max_overhead: float = 0.05,
     tables: consensus.Tables = consensus.REPLICATED,
+    first_round_after: int = 1,
   ):
+    """`first_round_after`: steps from the start to the first round (after the compiling step; after 'auto''s
+    probe, whose timed blocks a round's work would stretch: `block_plan.steps_until_chosen`)."""
     self._name, self._meshes, self._groups, self._tables = name, meshes, groups, tables
+    self._first_round_after = first_round_after
     self._pacer = pacing.Pacer(max_overhead, None if min_interval_s == 'auto' else float(min_interval_s))
     self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job)
     self._round_R = _round_program(self._sync_R, meshes.job)
@@ -95,8 +99,8 @@ class ScheduledShadowSync:
     return self._init_R(replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes))
 
   def start(self, state_L: Any, sync_state_R: PyTree) -> None:
-    """Compiles the copy, the round and the merge (not among the timed steps); the first round goes after the first
-    step."""
+    """Compiles the copy, the round and the merge (not among the timed steps); the first round goes
+    `first_round_after` steps from here."""
     synced_L = rounds.select(state_L.params, self._groups)
     rounds.copy.lower(synced_L).compile()
     self._round_R.lower(replicas.to_job(synced_L, self._meshes), sync_state_R, self._gap_array(1)).compile()
@@ -104,7 +108,7 @@ class ScheduledShadowSync:
     self._sync_state_R = self._merged_sync_state_R = sync_state_R
     first = int(state_L.step[0])
     self._gaps.reset(first)
-    self._next_round_step, self._in_flight, self._dispatched_at = first + 1, None, None
+    self._next_round_step, self._in_flight, self._dispatched_at = first + self._first_round_after, None, None
     self._clock.reset()
 
   def sync_state(self) -> PyTree:

@@ -88,3 +88,17 @@ def test_under_blocks_the_steps_between_rounds_are_timed():
   driver.finish(state)
   assert driver.stats()['step_time_s'] is not None, blocks
   assert driver.stats()['sync_rounds'] >= 3 and blocks.count(1) >= 6, blocks
+
+
+@pytest.mark.parametrize('steps_per_dispatch, first_round', [('auto', 28), (4, 1)])
+def test_the_first_round_waits_for_autos_probe(steps_per_dispatch, first_round):
+  """Under 'auto' the first round goes after the probe's timed blocks (1 compiling step, then 1, 8, 1, 8, 1, 8):
+  a round's work in them (a merge's wait, blocks cut short) once made a sharded job choose one step a dispatch, at
+  about half the examples/sec of the 32 it chose in the runs beside it."""
+  config = _config('shadow_ma')
+  config.train.steps_per_dispatch = steps_per_dispatch
+  meshes = replicas.make_meshes(4)
+  state = train.init_replicated_state(config, meshes)
+  driver = drivers.make_driver(config, meshes)
+  driver.start(state, driver.initial_sync_state(state))
+  assert driver.next_due(0) == first_round
