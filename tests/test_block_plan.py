@@ -52,6 +52,21 @@ def test_choose_steps_per_dispatch(host_s, step_s, expected):
   assert block_plan.choose_steps_per_dispatch(host_s, step_s, max_steps=256) == expected
 
 
+def test_a_fit_that_reads_no_host_work_takes_the_one_step_blocks_time_as_its_bound():
+  """Noise in a long probe block (a round's work, a busy moment) can fit the host's work at 0 or less: it is never
+  nothing, and K=1 would pay a dispatch a step. The fastest one-step block holds it: its time bounds it."""
+  plan = block_plan.BlockPlan('auto', stop_step=10_000, max_steps=256)
+  step = 0
+  while plan.steps_per_dispatch is None:
+    n = plan.next_block(step)
+    if plan.probing:
+      plan.observe(n, 0.010 if n == 1 else 0.090)  # 8 steps at 11.4 ms a step past one at 10 ms: h < 0.
+    step += n
+  assert plan.host_s == 0.0
+  # K step_s >= 0.010 / 0.05 with step_s = 0.080 / 7: 17.5 steps, so 32.
+  assert plan.steps_per_dispatch == 32
+
+
 def test_probe_blocks_cut_to_one_size_keep_the_probe_length():
   plan = block_plan.BlockPlan('auto', stop_step=1000)
   step = 0
