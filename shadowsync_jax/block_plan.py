@@ -142,7 +142,8 @@ class BlockPlan:
     self.host_s, self.step_s = fit_host_and_step(self._timings)
     host_s = self.host_s
     if host_s <= 0:  # The host never does nothing: noise (a slow long block) hid it. A block of the fewest steps
-      host_s = min(s for n, s in self._timings if n == min(sizes))  # holds it: its time bounds it (a larger K).
+      fewest = min(sizes)  # holds it: its time bounds it (a larger K).
+      host_s = min(s for n, s in self._timings if n == fewest)
     self.steps_per_dispatch = choose_steps_per_dispatch(host_s, self.step_s, self.max_steps)
 
   def agree(self, chosen_by_process: Iterable[int]) -> None:
