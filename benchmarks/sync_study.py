@@ -1,7 +1,8 @@
 r"""The ShadowSync study: every sync algorithm on the same data, R replicas, total training data fixed, per seed.
 
   python -m benchmarks.sync_study [--seeds=0,1,2] [--repeats=1] [--num_replicas=8] [--batch_size=256] \
-      [--num_train_examples=2000000] [--min_interval_s=auto|SECONDS] [--out=benchmarks/results/sync_study.md]
+      [--num_train_examples=2000000] [--min_interval_s=auto|SECONDS] [--steps_per_dispatch=auto|K] \
+      [--out=benchmarks/results/sync_study.md]
 
 What it runs and measures, and the table it prints and writes to `--out`: `shadowsync_jax.studies.sync_study`.
 """
@@ -23,6 +24,12 @@ flags.DEFINE_integer(
 flags.DEFINE_integer('batch_size', None, 'Examples per replica per step; unset: the default (256).')
 flags.DEFINE_integer('every_k_steps', 10, 'k of the foreground algorithms in their first runs.')
 flags.DEFINE_string('min_interval_s', None, "sync.min_interval_s: seconds, or 'auto'; unset: the default ('auto').")
+flags.DEFINE_string(
+  'steps_per_dispatch',
+  None,
+  "train.steps_per_dispatch of every run: an integer K, or 'auto'; unset: the default ('auto': one step a dispatch "
+  'beside a shadow thread). A K here is run by the shadow algorithms too.',
+)
 flags.DEFINE_string('what', 'all', "What a round syncs: 'all' or 'dense'.")
 flags.DEFINE_string('embedding_placement', 'replicated', "'replicated' or 'shared'.")
 flags.DEFINE_string('out', 'benchmarks/results/sync_study.md', 'Where the table and raw summaries go.')
@@ -55,6 +62,7 @@ def main(argv):
     min_interval_s=FLAGS.min_interval_s,
     what=FLAGS.what,
     embedding_placement=FLAGS.embedding_placement,
+    steps_per_dispatch=_steps_per_dispatch(FLAGS.steps_per_dispatch),
     repeats=FLAGS.repeats,
     seeds=tuple(int(seed) for seed in FLAGS.seeds),
   )
@@ -65,6 +73,11 @@ def main(argv):
   note = sync_study.note(variant, base, settings, rows)
   out = study_report.write(FLAGS.out, 'Sync study', study_report.command_line(), table, rows, note=note)
   print(f'written to {out}')
+
+
+def _steps_per_dispatch(text: str | None) -> int | str | None:
+  """The flag's K as an integer; anything else as it is (the config's check refuses it, naming the key)."""
+  return int(text) if text is not None and text.isdigit() else text
 
 
 if __name__ == '__main__':

@@ -243,14 +243,16 @@ class _MetricLog:
 
 
 def steps_per_dispatch(config: ml_collections.ConfigDict) -> int | str:
-  """`train.steps_per_dispatch`, but 1 under a shadow thread (`shadow_*` without sharded tables). Under blocks the
-  steps run faster and a round, whose work shares the process's cores, costs them a larger share: the pacer, holding
-  rounds to `sync.max_overhead`, spaces them 3-4 times further apart, and at 8 replicas of the default config
-  `shadow_bmuf` and `shadow_ea` ended 6% and 1% above their NE at one step a dispatch (docs/studies/loop.md). Until
-  that trade is studied (the sync study at a small K), those runs keep one step a dispatch. `gba` and `async_sgd`
-  have loops of their own, one step a dispatch (a worker pulls after every push)."""
+  """`train.steps_per_dispatch`, but 'auto' is 1 under a shadow thread (`shadow_*` without sharded tables). Under
+  blocks the steps run faster and a round, whose work shares the process's cores, costs them a larger share: the
+  pacer, holding rounds to `sync.max_overhead`, spaces them 3-4 times further apart, and at 8 replicas of the
+  default config `shadow_bmuf` and `shadow_ea` ended 6% and 1% above their NE at one step a dispatch
+  (docs/studies/loop.md). Until that trade is settled, those runs keep one step a dispatch unless the config names
+  a K, which they then run (what the study of that trade sets). `gba` and `async_sgd` have loops of their own, one
+  step a dispatch (a worker pulls after every push)."""
   shadow_thread = config.sync.algorithm in config_lib.SHADOW_ALGORITHMS and config.sync.embedding_placement != 'sharded'
-  return 1 if shadow_thread else config.train.steps_per_dispatch
+  per_dispatch = config.train.steps_per_dispatch
+  return 1 if shadow_thread and per_dispatch == 'auto' else per_dispatch
 
 
 def generates_on_device(config: ml_collections.ConfigDict) -> bool:

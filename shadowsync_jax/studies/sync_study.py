@@ -11,7 +11,9 @@ and then each foreground algorithm again with k equal to its shadow counterpart'
 ShadowSync paper compares them. The grid runs once per seed of `settings.seeds` (`config.seed`: the stream, the
 teacher and the initial model); NE is compared within a seed and the table gives the mean and the range over the
 seeds. The shadow rounds keep the default pace, `sync.min_interval_s='auto'` (paced to
-cost at most `sync.max_overhead` of the trainers' throughput), unless `settings.min_interval_s` sets one. With
+cost at most `sync.max_overhead` of the trainers' throughput), unless `settings.min_interval_s` sets one; under
+'auto' the shadow runs take one step a dispatch, and `settings.steps_per_dispatch` sets a K for every run (the
+shadow runs included: `train.steps_per_dispatch`). With
 `settings.repeats=N` each seed's grid runs N times in turn and examples/sec is the best of the N (external load
 only ever slows a run down). `table` is a markdown table (eval NE, AUC, examples/sec and its ratio to `none`, rounds,
 mean sync gap, the shadow rounds' pace); `note` names every setting changed from the defaults
@@ -41,6 +43,7 @@ class Settings(NamedTuple):
   min_interval_s: str | None = None  # sync.min_interval_s as text: seconds, or 'auto'.
   what: str = 'all'  # What a round syncs: 'all' or 'dense'.
   embedding_placement: str = 'replicated'
+  steps_per_dispatch: int | str | None = None  # train.steps_per_dispatch of every run ('auto' keeps shadow at 1).
   repeats: int = 1  # Runs of the whole grid; examples/sec is the best of them, the rest from the first.
   seeds: tuple[int, ...] = (0, 1, 2)  # config.seed of each grid.
 
@@ -61,6 +64,8 @@ def config_for(
     config.sync.min_interval_s = config_lib.min_interval_from_text(settings.min_interval_s)
   config.sync.what = settings.what
   config.sync.embedding_placement = settings.embedding_placement
+  if settings.steps_per_dispatch is not None:
+    config.train.steps_per_dispatch = settings.steps_per_dispatch
   config.train.progress_every_s = 30.0
   return config
 
