@@ -442,3 +442,16 @@ def test_a_run_killed_while_saving_resumes_from_the_newest_complete_checkpoint(t
   assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
   assert 'Resumed from the checkpoint at step 96 of 96' in again.stdout and 'no step trained' in again.stdout
   assert json.loads((tmp_path / 'summary.json').read_text())['eval_ne'] == failure_free['eval_ne']
+
+
+@pytest.mark.parametrize('steps_per_dispatch, untimed', [('auto', 7), (16, 1)])
+def test_the_compiling_block_and_autos_probe_are_not_timed(tmp_path, initial_state, steps_per_dispatch, untimed):
+  """The mean step that sets full recovery's interval is a K-block's: the compiling block and 'auto''s probe
+  (one-step blocks carrying a dispatch each, the last compiling K) are left out, or Young's interval came out
+  several times too short."""
+  recovery, _, _ = _unit_recovery(tmp_path, initial_state, 'full', {}, train__steps_per_dispatch=steps_per_dispatch)
+  for step in range(1, untimed + 1):
+    recovery._time_block(step, 1, 5.0)  # pylint: disable=protected-access
+  assert recovery.account.steps == 0 and recovery.account.mean_step_s() is None
+  recovery._time_block(untimed + 16, 16, 0.016)  # pylint: disable=protected-access
+  assert recovery.account.mean_step_s() == pytest.approx(0.001)
