@@ -37,6 +37,11 @@ def steps_until_chosen(steps_per_dispatch: int | str) -> int:
   return 1 + (sum(PROBE) if steps_per_dispatch == 'auto' else 0)
 
 
+def blocks_until_chosen(steps_per_dispatch: int | str) -> int:
+  """Blocks from a run's start until its K is in use: the compiling one, and 'auto''s probe (the last compiles K)."""
+  return 1 + (len(PROBE) if steps_per_dispatch == 'auto' else 0)
+
+
 def choose_steps_per_dispatch(host_s: float, step_s: float, max_steps: int, host_share: float = HOST_SHARE) -> int:
   """The smallest power of two K with K step_s >= host_s / host_share, at most `max_steps` (and at least 1)."""
   if host_s <= 0:

@@ -167,7 +167,7 @@ class EmulatedFailures:
     # Blocks not timed: the first (it compiles) and 'auto''s probe (blocks of 1 and 8 steps, each waited for, the
     # last one compiling the K chosen). Timed, they made the calibration's mean step several times a K-block's, and
     # full recovery's interval (Young's, from the save cost in steps) several times too short.
-    self._untimed_blocks = 1 + (len(block_plan.PROBE) if config.train.steps_per_dispatch == 'auto' else 0)
+    self._untimed_blocks = block_plan.blocks_until_chosen(config.train.steps_per_dispatch)
     self._abstract: PyTree = None  # Of the training tree, set by `start`.
     self._checkpoint_bytes = self._rows_bytes = 0
     self._sync_restarts: list[dict[str, Any]] = []
