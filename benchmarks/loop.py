@@ -54,23 +54,24 @@ _JOB_EXAMPLES = flags.DEFINE_integer('job_examples', 2_000_000, "Training exampl
 _PROCESS_STEP_ALONE = flags.DEFINE_integer(
   'process_step_alone', 0, 'Internal: as one process of the job, print (a) of its replicas over this many steps.'
 )
+_PROCESS_K = flags.DEFINE_integer('process_k', 1, "Internal: the job's steps a dispatch, for --process_step_alone.")
 _ROOT = flags.DEFINE_string('root', '', 'Where the runs go (default: a temporary directory).')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results/loop.md', 'Where the table and raw figures go.')
 
 
-def _process_step_alone(steps: int) -> float:
-  """A process of the job's (a): its replicas' block program alone, on its devices."""
+def _process_step_alone(steps: int, steps_per_dispatch: int) -> float:
+  """A process of the job's (a): its replicas' block program of the job's K alone, on its devices."""
   jax.config.update('jax_num_cpu_devices', loop.JOB_DEVICES)
   config = default.get_config()
   config.num_replicas, config.sync.algorithm = loop.JOB_DEVICES, loop.JOB_ALGORITHM
   config.data.num_train_examples, config.data.num_eval_examples = _JOB_EXAMPLES.value // loop.JOB_PROCESSES, 16_384
-  return loop.time_step_alone(config, 1, steps)  # One step a dispatch: the shadow thread's.
+  return loop.time_step_alone(config, steps_per_dispatch, steps)
 
 
 def main(argv: Sequence[str]) -> None:
   del argv
   if _PROCESS_STEP_ALONE.value:
-    print(_process_step_alone(_PROCESS_STEP_ALONE.value))
+    print(_process_step_alone(_PROCESS_STEP_ALONE.value, _PROCESS_K.value))
     return
   root = _ROOT.value or tempfile.mkdtemp(prefix='shadowsync_loop_')
   configs = {name: CONFIGS[name] for name in _CONFIGS.value}
@@ -81,7 +82,7 @@ def main(argv: Sequence[str]) -> None:
   }
   results = loop.run(configs, _REPEATS.value, root, examples)
   if _JOB.value:
-    command = [sys.executable, '-m', 'benchmarks.loop', '--process_step_alone']
+    command = [sys.executable, '-m', 'benchmarks.loop']
     results['job'] = loop.run_job(_REPEATS.value, _JOB_EXAMPLES.value, pathlib.Path(root), command)
   print(loop.table(results))
   changed = "the Kaggle config's data.source='synthetic' (its tables at Kaggle's cardinalities, its model)"

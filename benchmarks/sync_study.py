@@ -28,7 +28,7 @@ flags.DEFINE_string(
   'steps_per_dispatch',
   None,
   "train.steps_per_dispatch of every run: an integer K, or 'auto'; unset: the default ('auto': one step a dispatch "
-  'beside a shadow thread). A K here is run by the shadow algorithms too.',
+  'for shadow_ea and shadow_bmuf). A K here is run by the shadow algorithms too.',
 )
 flags.DEFINE_string('what', 'all', "What a round syncs: 'all' or 'dense'.")
 flags.DEFINE_string('embedding_placement', 'replicated', "'replicated' or 'shared'.")

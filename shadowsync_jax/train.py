@@ -242,19 +242,6 @@ class _MetricLog:
     )
 
 
-def steps_per_dispatch(config: ml_collections.ConfigDict) -> int | str:
-  """`train.steps_per_dispatch`, but 'auto' is 1 under a shadow thread (`shadow_*` without sharded tables). Under
-  blocks the steps run faster and a round, whose work shares the process's cores, costs them a larger share: the
-  pacer, holding rounds to `sync.max_overhead`, spaces them 3-4 times further apart, and at 8 replicas of the
-  default config `shadow_bmuf` and `shadow_ea` ended 6% and 1% above their NE at one step a dispatch
-  (docs/studies/loop.md). Until that trade is settled, those runs keep one step a dispatch unless the config names
-  a K, which they then run (what the study of that trade sets). `gba` and `async_sgd` have loops of their own, one
-  step a dispatch (a worker pulls after every push)."""
-  shadow_thread = config.sync.algorithm in config_lib.SHADOW_ALGORITHMS and config.sync.embedding_placement != 'sharded'
-  per_dispatch = config.train.steps_per_dispatch
-  return 1 if shadow_thread and per_dispatch == 'auto' else per_dispatch
-
-
 def generates_on_device(config: ml_collections.ConfigDict) -> bool:
   """`data.generator`: whether the synthetic stream's blocks are generated on the devices that train them ('auto':
   on accelerators; on CPU the host's readers run beside the steps)."""
@@ -286,7 +273,7 @@ class BlockDispatcher:
     self._num_local = meshes.local.shape[replicas.REPLICA_AXIS]
     first = jax.process_index() * self._num_local
     max_steps = block_plan.max_steps_for(self._num_local * config.batch_size)
-    self.plan = block_plan.BlockPlan(steps_per_dispatch(config), stop_step, max_steps)
+    self.plan = block_plan.BlockPlan(config_lib.steps_per_dispatch(config), stop_step, max_steps)
     local_replicas = range(first, first + self._num_local)
     if generates_on_device(config) and isinstance(getattr(source, 'source', None), synthetic.SyntheticSource):
       generator = synthetic_device.DeviceGenerator(source.source)

@@ -120,6 +120,7 @@ def test_the_shadow_interval_is_seconds_or_auto_on_the_command_line(tmp_path, in
     '--config.num_replicas=2',
     '--config.sync.algorithm=shadow_ma',
     f'--config.sync.min_interval_s={interval}',
+    '--config.train.steps_per_dispatch=1',  # 64 steps: under 'auto''s blocks too few may fall between rounds.
     '--config.data.num_train_examples=16384',
     '--config.data.num_eval_examples=512',
   )

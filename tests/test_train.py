@@ -143,15 +143,18 @@ def test_incremental_checkpoints_resume_bit_for_bit(one_replica_run, tmp_path, o
   assert resumed['checkpoints']['incremental'] is True
 
 
-def test_a_shadow_thread_keeps_one_step_a_dispatch_under_auto_and_runs_the_k_a_config_sets(tmp_path):
-  """'auto' is one step a dispatch beside a shadow thread (`train.steps_per_dispatch`), not with sharded tables
-  (their rounds are dispatched by the loop); a K the config sets is run as it is, rounds and all."""
-  assert train.steps_per_dispatch(_tiny(sync__algorithm='shadow_ma')) == 1
-  assert train.steps_per_dispatch(_tiny(sync__algorithm='none')) == 'auto'
-  sharded = _tiny(sync__algorithm='shadow_ma', sync__embedding_placement='sharded')
-  assert train.steps_per_dispatch(sharded) == 'auto'
+def test_auto_keeps_shadow_ea_and_bmuf_at_one_step_a_dispatch_and_runs_the_k_a_config_sets(tmp_path):
+  """'auto' is one step a dispatch for `shadow_ea` and `shadow_bmuf` (`train.steps_per_dispatch`), not for
+  `shadow_ma` (blocks keep its quality) nor with sharded tables (their rounds are dispatched by the loop); a K the
+  config sets is run as it is, rounds and all."""
+  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_ea')) == 1
+  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_bmuf')) == 1
+  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_ma')) == 'auto'
+  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='none')) == 'auto'
+  sharded = _tiny(sync__algorithm='shadow_bmuf', sync__embedding_placement='sharded')
+  assert config_lib.steps_per_dispatch(sharded) == 'auto'
   summary = train.train_and_evaluate(
-    _tiny(num_replicas=2, sync__algorithm='shadow_ma', sync__min_interval_s=0.05, train__steps_per_dispatch=8),
+    _tiny(num_replicas=2, sync__algorithm='shadow_ea', sync__min_interval_s=0.05, train__steps_per_dispatch=8),
     tmp_path,
   )
   assert summary['steps_per_dispatch'] == 8 and summary['sync_rounds'] >= 1

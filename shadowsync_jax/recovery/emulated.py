@@ -63,6 +63,7 @@ import ml_collections
 import numpy as np
 
 from shadowsync_jax import block_plan
+from shadowsync_jax import config as config_lib
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
@@ -167,7 +168,7 @@ class EmulatedFailures:
     # Blocks not timed: the first (it compiles) and 'auto''s probe (blocks of 1 and 8 steps, each waited for, the
     # last one compiling the K chosen). Timed, they made the calibration's mean step several times a K-block's, and
     # full recovery's interval (Young's, from the save cost in steps) several times too short.
-    self._untimed_blocks = block_plan.blocks_until_chosen(config.train.steps_per_dispatch)
+    self._untimed_blocks = block_plan.blocks_until_chosen(config_lib.steps_per_dispatch(config))
     self._abstract: PyTree = None  # Of the training tree, set by `start`.
     self._checkpoint_bytes = self._rows_bytes = 0
     self._sync_restarts: list[dict[str, Any]] = []

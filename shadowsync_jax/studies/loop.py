@@ -250,13 +250,13 @@ def _job_note(results: dict[str, dict[str, Any]]) -> str:
     return ''
   return (
     f' The job ({JOB_PROCESSES} processes x {JOB_DEVICES} devices, `experiments.launch --pin_cpus`, `sync.algorithm='
-    f"{JOB_ALGORITHM}'`, the default config otherwise): (b) its summary's examples/sec (the processes' sum), one step "
-    "a dispatch (its shadow thread), (a) the block program of each process's replicas alone, the processes run at "
-    "once, pinned as the launcher pins them; (b') and (c) are not timed for a job."
+    f"{JOB_ALGORITHM}'`, the default config otherwise): (b) its summary's examples/sec (the processes' sum), (a) the "
+    "block program of each process's replicas alone at the K (b) chose, the processes run at once, pinned as the "
+    "launcher pins them; (b') and (c) are not timed for a job."
   )
 
 
-# A job of processes: 8 replicas as 2 processes x 4 devices with `shadow_ma` (its shadow thread: one step a dispatch).
+# A job of processes: 8 replicas as 2 processes x 4 devices with `shadow_ma`.
 
 JOB_PROCESSES, JOB_DEVICES, JOB_ALGORITHM = 2, 4, 'shadow_ma'
 
@@ -280,8 +280,8 @@ def time_job_loop(num_train_examples: int, workdir: pathlib.Path) -> dict[str, A
 
 def time_job_step_alone(process_command: list[str]) -> float:
   """(a) of the job: `process_command` (a process that prints the examples/sec of `time_step_alone` on its
-  `JOB_DEVICES` replicas, its last line) started once a process of the job, each pinned to its share of the cores
-  as `--pin_cpus` pins them, all at once; the sum."""
+  `JOB_DEVICES` replicas at the job's K, its last line) started once a process of the job, each pinned to its share
+  of the cores as `--pin_cpus` pins them, all at once; the sum."""
   shares = [launcher.cpu_share(p, JOB_PROCESSES) for p in range(JOB_PROCESSES)]
   running = [
     subprocess.Popen(
@@ -301,7 +301,8 @@ def run_job(repeats: int, num_train_examples: int, root: pathlib.Path, process_c
   runs = []
   for repeat in range(repeats):
     loop = time_job_loop(num_train_examples, pathlib.Path(root) / f'job_loop_{repeat}')
-    step_alone = time_job_step_alone([*process_command, str(loop['train_steps'])])
+    steps, per_dispatch = loop['train_steps'], loop['steps_per_dispatch']
+    step_alone = time_job_step_alone([*process_command, f'--process_step_alone={steps}', f'--process_k={per_dispatch}'])
     runs.append(
       {
         'steps_per_dispatch': loop['steps_per_dispatch'],

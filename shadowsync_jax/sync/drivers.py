@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import ml_collections
 
 from shadowsync_jax import block_plan
+from shadowsync_jax import config as config_lib
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
 from shadowsync_jax.sync import consensus
@@ -99,14 +100,16 @@ def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshe
     return foreground.ForegroundSync(
       algorithm, name, meshes, groups, sync.every_k_steps, donate=not keep_params, tables=tables
     )
+  # The first round after 'auto''s probe: a round's work in its timed blocks made it choose one step a dispatch.
+  first_round_after = block_plan.steps_until_chosen(config_lib.steps_per_dispatch(config))
   if mode == 'shadow' and sync.embedding_placement == 'sharded':  # Steps are collectives: rounds go between them.
-    # The first round after 'auto''s probe: a round's work in its timed blocks made it choose one step a dispatch.
-    first_round_after = block_plan.steps_until_chosen(config.train.steps_per_dispatch)
     return scheduled.ScheduledShadowSync(
       algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead, tables, first_round_after
     )
   if mode == 'shadow':
-    return shadow.ShadowSync(algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead, tables)
+    return shadow.ShadowSync(
+      algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead, tables, first_round_after
+    )
   raise ValueError(f'sync.algorithm={sync.algorithm!r} has no driver.')
 
 

@@ -90,8 +90,14 @@ class ShadowSync:
     min_interval_s: float | str = 'auto',
     max_overhead: float = 0.05,
     tables: consensus.Tables = consensus.REPLICATED,
+    first_round_after: int = 1,
   ):
+    """`first_round_after`: steps from the start to the first boundary that may hand over a snapshot (after the
+    compiling block; after 'auto''s probe, whose timed blocks a round's work would stretch and whose choice of K it
+    would skew: `block_plan.steps_until_chosen`)."""
     self._name, self._meshes, self._groups, self._tables = name, meshes, groups, tables
+    self._first_round_after = first_round_after
+    self._first_snapshot_step = first_round_after
     self._pacer = pacing.Pacer(max_overhead, None if min_interval_s == 'auto' else float(min_interval_s))
     self._interval_s = self._pacer.interval_s()  # Written by the training thread, read by the shadow thread.
     self._clock = pacing.BlockClock(self._pacer)
@@ -125,6 +131,7 @@ class ShadowSync:
     self._compile_rounds(state_L, sync_state_R)
     self._sync_state_R = sync_state_R
     self._gaps.reset(int(state_L.step[0]))
+    self._first_snapshot_step = int(state_L.step[0]) + self._first_round_after
     self._clock.reset()
     self._in_flight = False
     self._stop.clear()
@@ -244,7 +251,7 @@ class ShadowSync:
       self._clock.touched()
       if step is not None:
         self._pacer.observe_round(latency_s)
-    if self._snapshot_wanted.is_set():
+    if self._snapshot_wanted.is_set() and (step is None or step >= self._first_snapshot_step):
       self._snapshot_wanted.clear()
       self._snapshots.put(rounds.copy(rounds.select(state_L.params, self._groups)))
       self._in_flight = True

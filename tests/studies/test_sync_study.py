@@ -1,7 +1,7 @@
 """The sync study's configs: what its settings change, and what its note says they changed."""
 
 from experiments.configs import default
-from shadowsync_jax import train
+from shadowsync_jax import config as config_lib
 from shadowsync_jax.studies import sync_study
 
 
@@ -10,13 +10,14 @@ def test_steps_per_dispatch_reaches_every_run_the_shadow_ones_included():
   settings = sync_study.Settings(num_replicas=2, steps_per_dispatch=4, seeds=(0,))
   for algorithm in sync_study.ALGORITHMS:
     config = sync_study.config_for(base, settings, algorithm, every_k_steps=10)
-    assert train.steps_per_dispatch(config) == 4, algorithm
+    assert config_lib.steps_per_dispatch(config) == 4, algorithm
   assert 'train.steps_per_dispatch=4' in sync_study.changed_settings(base, settings)
 
 
-def test_unset_the_shadow_runs_keep_one_step_a_dispatch():
+def test_unset_shadow_ea_and_bmuf_keep_one_step_a_dispatch_and_shadow_ma_takes_auto():
   base = default.get_config('tiny')
   settings = sync_study.Settings(num_replicas=2, seeds=(0,))
-  shadow = sync_study.config_for(base, settings, 'shadow_bmuf', every_k_steps=10)
-  assert train.steps_per_dispatch(shadow) == 1
+  for algorithm, expected in (('shadow_bmuf', 1), ('shadow_ea', 1), ('shadow_ma', 'auto')):
+    config = sync_study.config_for(base, settings, algorithm, every_k_steps=10)
+    assert config_lib.steps_per_dispatch(config) == expected, algorithm
   assert 'steps_per_dispatch' not in sync_study.changed_settings(base, settings)

@@ -182,6 +182,21 @@ def test_make_driver_dense_only_and_its_settings():
   assert pacer.fixed_interval_s is None and pacer.max_overhead == 0.2  # min_interval_s='auto', the default.
 
 
+def test_a_shadow_threads_first_round_waits_for_the_probe_of_the_k_it_runs():
+  """'auto' probes (then the first snapshot waits 28 steps) for `shadow_ma`, not for `shadow_ea` ('auto' runs it at
+  one step a dispatch, `config_lib.steps_per_dispatch`), nor under a K the config names."""
+  meshes = replicas.make_meshes(4)
+  for algorithm, steps_per_dispatch, first_round_after in (
+    ('shadow_ma', 'auto', 28),
+    ('shadow_ea', 'auto', 1),
+    ('shadow_ma', 16, 1),
+  ):
+    config = _config(algorithm)
+    config.train.steps_per_dispatch = steps_per_dispatch
+    driver = sync_drivers.make_driver(config, meshes)
+    assert driver._first_round_after == first_round_after, (algorithm, steps_per_dispatch)  # pylint: disable=protected-access
+
+
 def test_no_sync_stats():
   for algorithm, num_rounds, gap in (('none', 0, None), ('sync_sgd', 5, 1.0)):
     driver = foreground.NoSync(algorithm, replicas.make_meshes(1))

@@ -106,11 +106,12 @@ def _holding_rounds(driver, monkeypatch, fail: BaseException | None = None):
     held.release.set()
 
 
-def _driver(name: str, num_replicas: int, groups=ALL, min_interval_s=0.0, algorithm=None):
+def _driver(name: str, num_replicas: int, groups=ALL, min_interval_s=0.0, algorithm=None, first_round_after=1):
   algorithm = algorithm or sync_algorithms.make(
     name, replicas.REPLICA_AXIS, num_replicas, elastic_alpha=0.1, block_momentum=-1.0, block_lr=1.0
   )
-  return shadow_sync.ShadowSync(algorithm, name, replicas.make_meshes(num_replicas), groups, min_interval_s)
+  meshes = replicas.make_meshes(num_replicas)
+  return shadow_sync.ShadowSync(algorithm, name, meshes, groups, min_interval_s, first_round_after=first_round_after)
 
 
 def _start(loop: Loop, **start_kwargs) -> threading.Thread:
@@ -488,6 +489,25 @@ def test_the_first_round_waits_first_round_after_s_and_finish_does_not():
   _assert_tree_close(
     final.params, jax.tree.map(lambda w: np.broadcast_to(w.mean(axis=0), w.shape), loop.unsynced(loop.step)), 'end'
   )
+
+
+def test_no_snapshot_is_handed_over_before_first_round_after_steps_from_each_start():
+  """Under 'auto' (`drivers.make_driver`: `block_plan.steps_until_chosen`) the first snapshot waits for the probe's
+  timed blocks, whose K a round's work would skew; counted from each start (a restarted run probes again)."""
+  loop = Loop(_driver('ma', 4, first_round_after=28), 4)
+  for start in range(2):
+    _start(loop)
+    _within(TIMEOUT_S, lambda: _wait_for(loop.driver._snapshot_wanted.is_set))  # pylint: disable=protected-access
+    loop.run(27)
+    assert not loop.driver._in_flight, f'a snapshot before step 28 of start {start}'  # pylint: disable=protected-access
+    loop.run(1)
+    assert loop.driver._in_flight, f'no snapshot at step 28 of start {start}'  # pylint: disable=protected-access
+    loop.state = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+  while not condition():
+    time.sleep(0.001)
 
 
 def _steps_timed(driver) -> int:
