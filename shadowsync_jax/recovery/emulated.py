@@ -500,7 +500,7 @@ class EmulatedFailures:
     if isinstance(driver, (foreground.NoSync, foreground.ForegroundSync)):
       driver.start(state_L, sync_state_R)
       return driver
-    restarted = sync_drivers.RestartedSync(sync_drivers.make_driver(self._config, self._meshes), driver)
+    restarted = sync_drivers.RestartedSync(sync_drivers.make_driver(self._config, self._meshes, mid_run=True), driver)
     restarted.start(state_L, sync_state_R)
     self._sync_restarts.append({'step': self._executed})
     return restarted

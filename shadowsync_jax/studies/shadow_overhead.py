@@ -83,8 +83,8 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
   driver.start(loop.state, driver.initial_sync_state(loop.state))
   loop.run(_WARMUP_STEPS, driver)
   loop.state = driver.finish(loop.state)
-  # Fresh round statistics for the timed windows; its K the one the warm-up chose (no probe for its rounds to wait).
-  driver = sync_drivers.make_driver(loop.with_steps_per_dispatch(config), meshes)
+  # Fresh round statistics for the timed windows, mid-run: the warm-up chose K (no probe for their rounds to wait).
+  driver = sync_drivers.make_driver(config, meshes, mid_run=True)
   sync_state = driver.initial_sync_state(loop.state)
   phases = np.random.default_rng(config.seed)
   rates = {False: [], True: []}
@@ -241,12 +241,6 @@ class _Loop:
         self.state = driver.at_boundary(self._step, self.state, n, self._blocks.waited)
     jax.block_until_ready(self.state)
     return steps * self._examples_per_step / (time.perf_counter() - start)
-
-  def with_steps_per_dispatch(self, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """`config` with the K the loop runs (once 'auto' chose it), a copy."""
-    chosen = copy.deepcopy(config)
-    chosen.train.steps_per_dispatch = self._blocks.plan.steps_per_dispatch
-    return chosen
 
   def close(self) -> None:
     self._blocks.close()

@@ -77,8 +77,9 @@ class SyncDriver(Protocol):
   def stats(self) -> dict[str, Any]: ...
 
 
-def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes) -> SyncDriver:
-  """The driver for `config.sync.algorithm`: NoSync, ForegroundSync (`fr_*`) or ShadowSync (`shadow_*`)."""
+def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes, mid_run: bool = False) -> SyncDriver:
+  """The driver for `config.sync.algorithm`: NoSync, ForegroundSync (`fr_*`) or ShadowSync (`shadow_*`); `mid_run`:
+  it takes over a loop whose K is in use (a restart inside the loop), so its first round waits for no probe."""
   sync = config.sync
   tables = consensus.Tables(sync.embedding_placement, sync.shard_exchange)
   if sync.algorithm in ('none', 'sync_sgd'):
@@ -101,7 +102,7 @@ def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshe
       algorithm, name, meshes, groups, sync.every_k_steps, donate=not keep_params, tables=tables
     )
   # The first round after 'auto''s probe: a round's work in its timed blocks made it choose one step a dispatch.
-  first_round_after = block_plan.steps_until_chosen(config_lib.steps_per_dispatch(config))
+  first_round_after = 1 if mid_run else block_plan.steps_until_chosen(config_lib.steps_per_dispatch(config))
   if mode == 'shadow' and sync.embedding_placement == 'sharded':  # Steps are collectives: rounds go between them.
     return scheduled.ScheduledShadowSync(
       algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead, tables, first_round_after

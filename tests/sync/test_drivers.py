@@ -184,7 +184,7 @@ def test_make_driver_dense_only_and_its_settings():
 
 def test_a_shadow_threads_first_round_waits_for_the_probe_of_the_k_it_runs():
   """'auto' probes (then the first snapshot waits 28 steps) for `shadow_ma`, not for `shadow_ea` ('auto' runs it at
-  one step a dispatch, `config_lib.steps_per_dispatch`), nor under a K the config names."""
+  one step a dispatch, `config_lib.steps_per_dispatch`), nor under a K the config names, nor mid-run."""
   meshes = replicas.make_meshes(4)
   for algorithm, steps_per_dispatch, first_round_after in (
     ('shadow_ma', 'auto', 28),
@@ -195,6 +195,8 @@ def test_a_shadow_threads_first_round_waits_for_the_probe_of_the_k_it_runs():
     config.train.steps_per_dispatch = steps_per_dispatch
     driver = sync_drivers.make_driver(config, meshes)
     assert driver._first_round_after == first_round_after, (algorithm, steps_per_dispatch)  # pylint: disable=protected-access
+    restarted = sync_drivers.make_driver(config, meshes, mid_run=True)  # emulated recovery's, mid-run: no probe
+    assert restarted._first_round_after == 1  # pylint: disable=protected-access
 
 
 def test_no_sync_stats():
