@@ -12,7 +12,7 @@ ShadowSync paper compares them. The grid runs once per seed of `settings.seeds` 
 teacher and the initial model); NE is compared within a seed and the table gives the mean and the range over the
 seeds. The shadow rounds keep the default pace, `sync.min_interval_s='auto'` (paced to
 cost at most `sync.max_overhead` of the trainers' throughput), unless `settings.min_interval_s` sets one; under
-'auto' `shadow_ea` and `shadow_bmuf` take one step a dispatch (`config.steps_per_dispatch`), and
+'auto' `shadow_ea` and `shadow_bmuf` take one step a dispatch (`config_lib.steps_per_dispatch`), and
 `settings.steps_per_dispatch` sets a K for every run (the shadow runs included). With
 `settings.repeats=N` each seed's grid runs N times in turn and examples/sec is the best of the N (external load
 only ever slows a run down). `table` is a markdown table (eval NE, AUC, examples/sec and its ratio to `none`, rounds,
