@@ -144,7 +144,7 @@ def test_incremental_checkpoints_resume_bit_for_bit(one_replica_run, tmp_path, o
 
 
 def test_auto_keeps_shadow_ea_and_bmuf_at_one_step_a_dispatch_and_runs_the_k_a_config_sets(tmp_path):
-  """'auto' is one step a dispatch for `shadow_ea` and `shadow_bmuf` (`train.steps_per_dispatch`), not for
+  """'auto' is one step a dispatch for `shadow_ea` and `shadow_bmuf` (`config_lib.steps_per_dispatch`), not for
   `shadow_ma` (blocks keep its quality) nor with sharded tables (their rounds are dispatched by the loop); a K the
   config sets is run as it is, rounds and all."""
   assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_ea')) == 1

@@ -43,7 +43,7 @@ class Settings(NamedTuple):
   min_interval_s: str | None = None  # sync.min_interval_s as text: seconds, or 'auto'.
   what: str = 'all'  # What a round syncs: 'all' or 'dense'.
   embedding_placement: str = 'replicated'
-  steps_per_dispatch: int | str | None = None  # train.steps_per_dispatch of every run ('auto' keeps shadow at 1).
+  steps_per_dispatch: int | str | None = None  # train.steps_per_dispatch of every run (None: 'auto').
   repeats: int = 1  # Runs of the whole grid; examples/sec is the best of them, the rest from the first.
   seeds: tuple[int, ...] = (0, 1, 2)  # config.seed of each grid.
 
