@@ -48,22 +48,27 @@ _PREPARED_DIR = flags.DEFINE_string(
   'prepared_dir', '', "'prepared': the prepared dataset (default: criteo_kaggle.py:local's own)."
 )
 _JOB = flags.DEFINE_bool(
-  'job', True, 'Also time 8 replicas as 2 processes x 4 devices with shadow_ma on the default config ((a) and (b)).'
+  'job',
+  True,
+  'Also time 8 replicas as 2 processes x 4 devices on the default config, with shadow_ma and none ((a), (b)).',
 )
 _JOB_EXAMPLES = flags.DEFINE_integer('job_examples', 2_000_000, "Training examples of the job's runs.")
 _PROCESS_STEP_ALONE = flags.DEFINE_integer(
   'process_step_alone', 0, 'Internal: as one process of the job, print (a) of its replicas over this many steps.'
 )
 _PROCESS_K = flags.DEFINE_integer('process_k', 1, "Internal: the job's steps a dispatch, for --process_step_alone.")
+_PROCESS_ALGORITHM = flags.DEFINE_string(
+  'process_algorithm', loop.JOB_ALGORITHMS[0], "Internal: the job's sync.algorithm, for --process_step_alone."
+)
 _ROOT = flags.DEFINE_string('root', '', 'Where the runs go (default: a temporary directory).')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results/loop.md', 'Where the table and raw figures go.')
 
 
-def _process_step_alone(steps: int, steps_per_dispatch: int) -> float:
+def _process_step_alone(steps: int, steps_per_dispatch: int, algorithm: str) -> float:
   """A process of the job's (a): its replicas' block program of the job's K alone, on its devices."""
   jax.config.update('jax_num_cpu_devices', loop.JOB_DEVICES)
   config = default.get_config()
-  config.num_replicas, config.sync.algorithm = loop.JOB_DEVICES, loop.JOB_ALGORITHM
+  config.num_replicas, config.sync.algorithm = loop.JOB_DEVICES, algorithm
   config.data.num_train_examples, config.data.num_eval_examples = _JOB_EXAMPLES.value // loop.JOB_PROCESSES, 16_384
   return loop.time_step_alone(config, steps_per_dispatch, steps)
 
@@ -71,7 +76,7 @@ def _process_step_alone(steps: int, steps_per_dispatch: int) -> float:
 def main(argv: Sequence[str]) -> None:
   del argv
   if _PROCESS_STEP_ALONE.value:
-    print(_process_step_alone(_PROCESS_STEP_ALONE.value, _PROCESS_K.value))
+    print(_process_step_alone(_PROCESS_STEP_ALONE.value, _PROCESS_K.value, _PROCESS_ALGORITHM.value))
     return
   root = _ROOT.value or tempfile.mkdtemp(prefix='shadowsync_loop_')
   configs = {name: CONFIGS[name] for name in _CONFIGS.value}
@@ -83,7 +88,7 @@ def main(argv: Sequence[str]) -> None:
   results = loop.run(configs, _REPEATS.value, root, examples)
   if _JOB.value:
     command = [sys.executable, '-m', 'benchmarks.loop']
-    results['job'] = loop.run_job(_REPEATS.value, _JOB_EXAMPLES.value, pathlib.Path(root), command)
+    results |= loop.run_job(_REPEATS.value, _JOB_EXAMPLES.value, pathlib.Path(root), command)
   print(loop.table(results))
   changed = "the Kaggle config's data.source='synthetic' (its tables at Kaggle's cardinalities, its model)"
   if 'prepared' in configs:

@@ -278,10 +278,11 @@ def _loop(path: str) -> str:
   for name, row in rows.items():
     low, high = row['loop_share_range']
     what = f'the {name} config'
-    if name == 'job':
+    if name.startswith('job'):
       from shadowsync_jax.studies import loop  # pylint: disable=g-import-not-at-top  (JAX: only for this row)
 
-      what = f'{loop.JOB_PROCESSES} processes x {loop.JOB_DEVICES} devices with {loop.JOB_ALGORITHM}'
+      algorithm = row.get('algorithm', 'shadow_ma')  # Result files before 'job_none' have the shadow_ma job alone.
+      what = f'{loop.JOB_PROCESSES} processes x {loop.JOB_DEVICES} devices with {algorithm}'
     shares.append(
       f'{row["loop_share_median"]:.2f} ({low:.2f} to {high:.2f}) for {what} (target {target["share"]:g}: '
       f'{_verdict(low, high, target["share"])})'

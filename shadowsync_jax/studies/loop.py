@@ -234,7 +234,9 @@ def _streams(results: dict[str, dict[str, Any]]) -> str:
 
 def note(results: dict[str, dict[str, Any]], repeats: int, changed: str) -> str:
   """The settings under the table: `changed` says what the binary changed in the configs."""
-  lengths = ', '.join(f'{r["config"]} {r["num_train_examples"]:,}' for name, r in results.items() if name != 'job')
+  lengths = ', '.join(
+    f'{r["config"]} {r["num_train_examples"]:,}' for name, r in results.items() if not name.startswith('job')
+  )
   held_out = next(iter(results.values()))['num_eval_examples']
   return (
     f'One replica on {jax.default_backend()}, {_streams(results)}; {repeats} repeats of (b) the whole loop '
@@ -246,22 +248,25 @@ def note(results: dict[str, dict[str, Any]], repeats: int, changed: str) -> str:
 
 
 def _job_note(results: dict[str, dict[str, Any]]) -> str:
-  if 'job' not in results:
+  algorithms = [r['algorithm'] for name, r in results.items() if name.startswith('job')]
+  if not algorithms:
     return ''
   return (
-    f' The job ({JOB_PROCESSES} processes x {JOB_DEVICES} devices, `experiments.launch --pin_cpus`, `sync.algorithm='
-    f"{JOB_ALGORITHM}'`, the default config otherwise): (b) its summary's examples/sec (the processes' sum), (a) the "
-    "block program of each process's replicas alone at the K (b) chose, the processes run at once, pinned as the "
-    "launcher pins them; (b') and (c) are not timed for a job."
+    f' The job ({JOB_PROCESSES} processes x {JOB_DEVICES} devices, `experiments.launch --pin_cpus`, '
+    f"`sync.algorithm` {' and '.join(algorithms)} in turn, the default config otherwise): (b) its summary's "
+    "examples/sec (the processes' sum), (a) the block program of each process's replicas alone at the K (b) chose, "
+    "the processes run at once, pinned as the launcher pins them; (b') and (c) are not timed for a job."
   )
 
 
-# A job of processes: 8 replicas as 2 processes x 4 devices with `shadow_ma`.
+# A job of processes: 8 replicas as 2 processes x 4 devices with `shadow_ma`, and with `none` (the same job without
+# rounds: what the rounds cost it, beside what the loop does).
 
-JOB_PROCESSES, JOB_DEVICES, JOB_ALGORITHM = 2, 4, 'shadow_ma'
+JOB_PROCESSES, JOB_DEVICES = 2, 4
+JOB_ALGORITHMS = ('shadow_ma', 'none')
 
 
-def time_job_loop(num_train_examples: int, workdir: pathlib.Path) -> dict[str, Any]:
+def time_job_loop(algorithm: str, num_train_examples: int, workdir: pathlib.Path) -> dict[str, Any]:
   """(b) of the job: `experiments.launch` with every process pinned to its share of the cores, as a user runs it;
   its summary (`examples_per_sec`: the processes' sum)."""
   job = jobs.launch(
@@ -269,7 +274,7 @@ def time_job_loop(num_train_examples: int, workdir: pathlib.Path) -> dict[str, A
     [f'--num_processes={JOB_PROCESSES}', f'--cpu_devices={JOB_DEVICES}', '--pin_cpus'],
     [
       f'--config.num_replicas={JOB_PROCESSES * JOB_DEVICES}',
-      f'--config.sync.algorithm={JOB_ALGORITHM}',
+      f'--config.sync.algorithm={algorithm}',
       f'--config.data.num_train_examples={num_train_examples}',
       '--config.data.num_eval_examples=16384',
     ],
@@ -296,27 +301,50 @@ def time_job_step_alone(process_command: list[str]) -> float:
   return sum(float(output.strip().splitlines()[-1]) for output in outputs)
 
 
-def run_job(repeats: int, num_train_examples: int, root: pathlib.Path, process_command: list[str]) -> dict[str, Any]:
-  """The job's (b) and (a), `repeats` times in turn; a row of `table` ((b') and (c) are not timed for a job)."""
-  runs = []
+def run_job(
+  repeats: int, num_train_examples: int, root: pathlib.Path, process_command: list[str]
+) -> dict[str, dict[str, Any]]:
+  """The job's (b) and (a) for each of `JOB_ALGORITHMS`, in turn within each of `repeats` repeats (so that each
+  pair ran minutes apart); a row of `table` each, keyed 'job' (the first) and 'job_ALGORITHM' ((b') and (c) are not
+  timed for a job). `process_command` with `--process_step_alone=STEPS --process_k=K --process_algorithm=NAME`
+  prints a process's (a)."""
+  runs = {algorithm: [] for algorithm in JOB_ALGORITHMS}
   for repeat in range(repeats):
-    loop = time_job_loop(num_train_examples, pathlib.Path(root) / f'job_loop_{repeat}')
-    steps, per_dispatch = loop['train_steps'], loop['steps_per_dispatch']
-    step_alone = time_job_step_alone([*process_command, f'--process_step_alone={steps}', f'--process_k={per_dispatch}'])
-    runs.append(
-      {
-        'steps_per_dispatch': loop['steps_per_dispatch'],
-        'step_alone_examples_per_sec': step_alone,
-        'loop_examples_per_sec': loop['examples_per_sec'],
-        'loop_share': loop['examples_per_sec'] / step_alone,
-        'sync_rounds': loop['sync_rounds'],
-        'eval_ne': loop['eval_ne'],
-      }
+    for algorithm, algorithm_runs in runs.items():
+      loop = time_job_loop(algorithm, num_train_examples, pathlib.Path(root) / f'job_{algorithm}_{repeat}')
+      steps, per_dispatch = loop['train_steps'], loop['steps_per_dispatch']
+      step_alone = time_job_step_alone(
+        [
+          *process_command,
+          f'--process_step_alone={steps}',
+          f'--process_k={per_dispatch}',
+          f'--process_algorithm={algorithm}',
+        ]
+      )
+      algorithm_runs.append(
+        {
+          'steps_per_dispatch': per_dispatch,
+          'step_alone_examples_per_sec': step_alone,
+          'loop_examples_per_sec': loop['examples_per_sec'],
+          'loop_share': loop['examples_per_sec'] / step_alone,
+          'sync_rounds': loop['sync_rounds'],
+          'eval_ne': loop['eval_ne'],
+        }
+      )
+      print(f'job {algorithm} repeat {repeat}: {algorithm_runs[-1]}', flush=True)
+  return {
+    ('job' if algorithm == JOB_ALGORITHMS[0] else f'job_{algorithm}'): _job_row(
+      algorithm, algorithm_runs, num_train_examples
     )
-    print(f'job repeat {repeat}: {runs[-1]}', flush=True)
+    for algorithm, algorithm_runs in runs.items()
+  }
+
+
+def _job_row(algorithm: str, runs: list[dict[str, Any]], num_train_examples: int) -> dict[str, Any]:
   shares = [r['loop_share'] for r in runs]
   return {
-    'config': f'default, {JOB_PROCESSES} x {JOB_DEVICES} replicas, {JOB_ALGORITHM}',
+    'config': f'default, {JOB_PROCESSES} x {JOB_DEVICES} replicas, {algorithm}',
+    'algorithm': algorithm,
     'batch_size': config_lib.base_config().batch_size,  # The job runs experiments.train's default config.
     'num_train_examples': num_train_examples,
     'num_eval_examples': 16_384,
