@@ -281,8 +281,7 @@ def _loop(path: str) -> str:
     if name.startswith('job'):
       from shadowsync_jax.studies import loop  # pylint: disable=g-import-not-at-top  (JAX: only for this row)
 
-      algorithm = row.get('algorithm', 'shadow_ma')  # Result files before 'job_none' have the shadow_ma job alone.
-      what = f'{loop.JOB_PROCESSES} processes x {loop.JOB_DEVICES} devices with {algorithm}'
+      what = f'{loop.JOB_PROCESSES} processes x {loop.JOB_DEVICES} devices with {row["algorithm"]}'
     shares.append(
       f'{row["loop_share_median"]:.2f} ({low:.2f} to {high:.2f}) for {what} (target {target["share"]:g}: '
       f'{_verdict(low, high, target["share"])})'
