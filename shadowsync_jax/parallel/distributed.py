@@ -4,6 +4,7 @@
   ...                                   # jax.devices(): the job's devices; jax.local_devices(): this process's
   distributed.report(step, phase='train')      # progress the peers watch: a peer whose step stalls is hung
   values = distributed.exchange('plan', mine)  # every process's value, in process order (the key-value store)
+  agree = distributed.Agreement('rounds')      # the same, again at every call (agree(value, stopped) -> values)
   if distributed.peer_lost():                  # at a step boundary: save what survives, exit PEER_LOST
   distributed.fail(error)               # on an exception: ends this process, blaming it or a peer that is gone
   distributed.finish()                  # normal end: the peers stop watching this process; shuts the runtime down
@@ -45,6 +46,7 @@ _HEARTBEAT_S = 1.0
 _STEP_BOUNDARY_GRACE_STEPS, _STEP_BOUNDARY_GRACE_S = 20, (0.5, 10.0)
 _PREFIX = 'shadowsync'
 _EXCHANGE_TIMEOUT_MS = 300_000
+_AGREEMENT_POLL_MS = 50  # How often an `Agreement` waiting for a peer asks whether it was stopped.
 # Phases in which a process's step may stand still for long (compiling, restoring, evaluating, waiting at the end).
 _STILL_PHASES = ('setup', 'finish')
 
@@ -151,6 +153,49 @@ def exchange(name: str, value: Any) -> list[Any]:
     json.loads(client.blocking_key_value_get(f'{_PREFIX}/exchange/{name}/{p}', _EXCHANGE_TIMEOUT_MS))
     for p in range(_watchdog.num_processes)
   ]
+
+
+class Agreement:
+  """Every process's value at each call, in process order: the n-th call of each process meets the n-th of the
+  others, through the coordination service. No collective: a process that waits here for a late peer holds none of
+  its devices (a collective would, and its training steps, queued behind it on those devices, would wait too).
+
+    agree = distributed.Agreement('shadow_rounds')
+    values = agree(value, stopped=event.is_set)   # None if `stopped()` became true while a peer was awaited
+  """
+
+  def __init__(self, name: str):
+    self._name, self._calls = name, 0
+
+  def __call__(self, value: Any, stopped: Callable[[], bool] = lambda: False) -> list[Any] | None:
+    if _watchdog is None:
+      return [value]
+    client, me, call = private_apis.distributed_client(), _watchdog.process_id, self._calls
+    client.key_value_set(self._key(call, me), json.dumps(value))
+    values = []
+    for process in range(_watchdog.num_processes):
+      while (got := _get_within(client, self._key(call, process), _AGREEMENT_POLL_MS)) is None:
+        if stopped():
+          return None
+      values.append(json.loads(got))
+    # Every peer has read this process's value of call n - 2: it set its own value of call n - 1 after reading it.
+    if call >= 2:
+      client.key_value_delete(self._key(call - 2, me))
+    self._calls += 1
+    return values
+
+  def _key(self, call: int, process: int) -> str:
+    return f'{_PREFIX}/agreement/{self._name}/{call}/{process}'
+
+
+def _get_within(client, key: str, timeout_ms: int) -> str | None:
+  """The value of `key`, or None if it was not set within `timeout_ms`."""
+  try:
+    return client.blocking_key_value_get(key, timeout_ms)
+  except Exception as error:  # pylint: disable=broad-except
+    if 'DEADLINE_EXCEEDED' in str(error):
+      return None
+    raise
 
 
 def wait_for_every_process(name: str) -> None:

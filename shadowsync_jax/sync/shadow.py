@@ -24,30 +24,29 @@ interval as it stands while it waits. `stats()` reports the pace and what it cam
 
 Several processes: each runs one such thread, and the threads are the only issuers of cross-process collectives
 (docs/design.md §3), one round after the other, so round n of every process meets round n of the others. A process whose
-stream is done keeps serving snapshots from `finish` until every process is done: each round also agrees, by a
-collective, on whether all processes have finished, and all threads stop after that same round. The same
-agreement takes the longest of the processes' paces, and every thread waits that long from the agreement, which
-they all leave together: the processes come to the next round at about the same moment. (Each waiting its own pace,
-the one with the shorter pace waited for the other inside the round, for seconds at a time, and counted the steps it
-made meanwhile as the round's: its measured cost grew and with it its pace, and the rounds got rare.) The agreement
-comes before the snapshot is asked for, so a process that waits there for a late peer has handed nothing over and
-its steps meanwhile are timed as between rounds. Checkpoints need no pause: every process saves its own part, with
-no collective (`recovery.checkpointing`).
+stream is done keeps serving snapshots from `finish` until every process is done: each round first agrees on
+whether all processes have finished, and all threads stop after that same round. The same agreement takes the
+longest of the processes' paces, and every thread waits that long from the agreement, which they all leave
+together: the processes come to the next round at about the same moment. (Each waiting its own pace, the one with
+the shorter pace waited for the other inside the round, for seconds at a time, and counted the steps it made
+meanwhile as the round's: its measured cost grew and with it its pace, and the rounds got rare.) The agreement goes
+through the coordination service, not a collective, and comes before the snapshot is asked for: a process that
+waits there for a late peer has handed nothing over and its devices train meanwhile, timed as between rounds. (As a
+collective it held the process's devices while it waited, and the blocks queued behind it: seconds of training lost
+a round, which the pace did not see as the round's.) The first round waits for the process's training to be under
+way, so that no round's collective waits for a peer's compile. Checkpoints need no pause: every process saves its
+own part, with no collective (`recovery.checkpointing`).
 """
 
 from collections.abc import Callable
-import functools
 import queue
 import threading
 import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
-import numpy as np
 
+from shadowsync_jax.parallel import distributed
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
 from shadowsync_jax.sync import consensus
@@ -61,18 +60,19 @@ FRESHNESS = 0.25  # A boundary comes at least every this share of the pace: a ro
 
 
 def _round_agreement(meshes: replicas.ReplicaMeshes):
-  """`agree(done, interval_s) -> (all_done, job_interval_s)`: whether every process of the job is done, and the
-  longest of their paces; a collective when there are several."""
+  """`agree(done, interval_s, stopped) -> (all_done, job_interval_s)`: whether every process of the job is done, and
+  the longest of their paces (None if `stopped()` became true while a peer was awaited); through the coordination
+  service when there are several processes (`distributed.Agreement`: a process waiting there for a late peer keeps
+  training; a collective would hold its devices, and its steps behind it, for as long)."""
   if meshes.job is meshes.local:
-    return lambda done, interval_s: (done, interval_s)
-  job_max = jax.jit(functools.partial(jnp.max, axis=0), out_shardings=NamedSharding(meshes.job, P()))
-  sharding = replicas.replica_sharding(meshes.job)
-  num_local = meshes.local.shape[replicas.REPLICA_AXIS]
+    return lambda done, interval_s, stopped=None: (done, interval_s)
+  agreement = distributed.Agreement('shadow_rounds')
 
-  def agree(done: bool, interval_s: float) -> tuple[bool, float]:
-    local = np.tile(np.array([[0.0 if done else 1.0, interval_s]], np.float32), (num_local, 1))
-    not_done, job_interval_s = replicas.fetch(job_max(jax.make_array_from_process_local_data(sharding, local)))
-    return bool(not_done == 0), float(job_interval_s)
+  def agree(done: bool, interval_s: float, stopped=lambda: False) -> tuple[bool, float] | None:
+    offers = agreement([done, interval_s], stopped)
+    if offers is None:
+      return None
+    return all(done for done, _ in offers), max(interval_s for _, interval_s in offers)
 
   return agree
 
@@ -117,14 +117,15 @@ class ShadowSync:
     self._compiled = False
     self._gaps = rounds.GapTracker()
     self._first_round_after_s = 0.0
+    self._training = threading.Event()  # The training thread has passed `_first_snapshot_step`.
 
   def initial_sync_state(self, state_L: Any) -> PyTree:
     return self._init_R(replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes))
 
   def start(self, state_L: Any, sync_state_R: PyTree, first_round_after_s: float = 0.0) -> None:
-    """Compiles what the rounds run, then starts the thread; its first round comes `first_round_after_s` later
-    (a training run starts at once; `studies.shadow_overhead` starts each timed window at a random phase of the
-    pace, as a window of a steady run would)."""
+    """Compiles what the rounds run, then starts the thread; its first round comes `first_round_after_s` after the
+    first boundary that may hand over a snapshot (a training run's at once; `studies.shadow_overhead` starts each
+    timed window at a random phase of the pace, as a window of a steady run would)."""
     if not first_round_after_s >= 0:
       raise ValueError(f'first_round_after_s={first_round_after_s} must be >= 0.')
     self._first_round_after_s = first_round_after_s
@@ -137,6 +138,7 @@ class ShadowSync:
     self._stop.clear()
     self._done.clear()
     self._snapshot_wanted.clear()
+    self._training.clear()
     self._thread = threading.Thread(target=self._run, name='shadow-sync', daemon=True)
     replicas.reserve_collectives(self._thread)  # Until finish: the thread is the only issuer of collectives.
     self._thread.start()
@@ -156,18 +158,26 @@ class ShadowSync:
     self._compiled = True
 
   def next_due(self, step: int) -> int:
-    """A boundary within `FRESHNESS` of the pace; until a step time is known, every `pacing.MIN_STEPS_MEASURED`
-    steps (blocks short enough that some fall between rounds, so that the pace gets measured at all)."""
+    """A boundary within `FRESHNESS` of the pace the rounds follow (the job's: the longest of the processes' at the
+    last agreement, or this process's own if longer); until a step time is known, every
+    `pacing.MIN_STEPS_MEASURED` steps (blocks short enough that some fall between rounds, so that the pace gets
+    measured at all). Before the first step that may hand over a snapshot, that step: 'auto''s probe is not cut
+    (cut to `MIN_STEPS_MEASURED`, its longer blocks timed short, and their fit chose K = 1)."""
+    if step < self._first_snapshot_step:
+      return self._first_snapshot_step
     step_s = self._pacer.step_time_s()
     if step_s is None:
       return step + pacing.MIN_STEPS_MEASURED
-    return step + max(1, int(FRESHNESS * self._interval_s / step_s))
+    pace_s = max(self._job_interval_s or 0.0, self._interval_s)
+    return step + max(1, int(FRESHNESS * pace_s / step_s))
 
   def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
     """After a block of `steps` steps: raise the thread's error, time the steps for the pace, merge a finished
     round, hand over a wanted snapshot."""
     self._raise_if_failed()
     self._clock.boundary(time.perf_counter(), steps, self._in_flight, waited, paused_s)
+    if step >= self._first_snapshot_step:
+      self._training.set()
     state_L = self._step_boundary(state_L, step)
     self._interval_s = self._pacer.interval_s()
     return state_L
@@ -261,11 +271,18 @@ class ShadowSync:
   def _run(self) -> None:
     sync_state_R = self._sync_state_R
     try:
+      # The first round waits for this process's training to be under way (past its compiling block and 'auto''s
+      # probe): its agreement then finds every process training, and its collective waits for no peer's compile.
+      while not (self._training.wait(_POLL_S) or self._stop.is_set() or self._done.is_set()):
+        continue
       started_s = time.monotonic()
       self._wait(lambda: self._first_round_after_s - (time.monotonic() - started_s))
       while not self._stop.is_set():
         # Agree before asking for the snapshot (module docstring): a wait here for a late peer is no round's cost.
-        all_done, self._job_interval_s = self._agree(self._done.is_set(), self._interval_s)
+        agreed = self._agree(self._done.is_set(), self._interval_s, self._stop.is_set)
+        if agreed is None:
+          return
+        all_done, self._job_interval_s = agreed
         round_start = time.monotonic()  # The same moment on every process: they all leave the agreement together.
         snapshot_L = self._next_snapshot()
         if snapshot_L is None:

@@ -259,6 +259,7 @@ def test_finish_ends_with_a_round_on_the_final_params():
   replica then holds the mean. Rounds merged after the last step count as rounds but not as sync gaps."""
   loop = Loop(_driver('ma', 4), 4)
   thread = _start(loop)
+  loop.advance()  # The first round waits for training to be under way.
   assert loop.driver._snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
   final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   assert not thread.is_alive()
@@ -272,6 +273,7 @@ def test_finish_ends_with_a_round_on_the_final_params():
 def test_abandoning_stops_a_thread_that_waits_for_a_snapshot():
   loop = Loop(_driver('ma', 4), 4)
   thread = _start(loop)
+  loop.advance()
   assert loop.driver._snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
   started = time.monotonic()
   assert _within(10.0, lambda: loop.driver.finish(loop.state, abandon=True)) is loop.state
@@ -435,13 +437,17 @@ def test_steps_beside_a_round_and_between_rounds_are_timed_apart(monkeypatch):
   loop = Loop(_driver('ma', 4, min_interval_s=1000.0), 4)  # One round, then the thread waits.
   with _holding_rounds(loop.driver, monkeypatch) as held:
     _start(loop)
+    loop.advance()  # The thread asks for its first snapshot once training is under way: at the next boundary.
+    assert loop.driver._snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
     loop.advance_until(held.entered.is_set, 'the first snapshot')
     loop.run(10)
   loop.wait_for_rounds(1)
   loop.run(10)
   pacer = loop.driver._pacer  # pylint: disable=protected-access
   (first,) = pacer._rounds  # pylint: disable=protected-access
-  assert first.in_round_steps >= 10 and first.between_steps == 1, first
+  # Between: the step from the first boundary (the clock's start) to the hand-over's, and the one dispatched just
+  # before the hand-over's boundary.
+  assert first.in_round_steps >= 10 and first.between_steps == 2, first
   since = pacer._open  # pylint: disable=protected-access
   assert (since.in_round_steps, since.between_steps) == (3, 7), since
   stats = loop.driver.stats()
@@ -493,15 +499,21 @@ def test_the_first_round_waits_first_round_after_s_and_finish_does_not():
 
 def test_no_snapshot_is_handed_over_before_first_round_after_steps_from_each_start():
   """Under 'auto' (`drivers.make_driver`: `block_plan.steps_until_chosen`) the first snapshot waits for the probe's
-  timed blocks, whose K a round's work would skew; counted from each start (a restarted run probes again)."""
+  timed blocks, whose K a round's work would skew; counted from each start (a restarted run probes again). The
+  thread asks for it once the loop has passed that step, and the loop's boundaries before it are not cut for rounds
+  (`next_due`: the probe's blocks keep their sizes)."""
   loop = Loop(_driver('ma', 4, first_round_after=28), 4)
   for start in range(2):
     _start(loop)
-    _within(TIMEOUT_S, lambda: _wait_for(loop.driver._snapshot_wanted.is_set))  # pylint: disable=protected-access
+    assert loop.driver.next_due(loop.step) == loop.step + 28
     loop.run(27)
+    time.sleep(0.2)  # Time enough for the thread to ask for a snapshot, were it to ask early.
+    assert not loop.driver._snapshot_wanted.is_set(), f'a snapshot asked for before step 28 of start {start}'  # pylint: disable=protected-access
     assert not loop.driver._in_flight, f'a snapshot before step 28 of start {start}'  # pylint: disable=protected-access
     loop.run(1)
-    assert loop.driver._in_flight, f'no snapshot at step 28 of start {start}'  # pylint: disable=protected-access
+    _within(TIMEOUT_S, lambda: _wait_for(loop.driver._snapshot_wanted.is_set))  # pylint: disable=protected-access
+    loop.run(1)
+    assert loop.driver._in_flight, f'no snapshot at the boundary after step 28 of start {start}'  # pylint: disable=protected-access
     loop.state = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
 
 
@@ -543,14 +555,14 @@ def test_a_step_after_long_loop_work_is_left_out_of_the_pace(monkeypatch):
 
 
 class LatePeer:
-  """Stands in for the driver's `_agree` (a collective across processes): at its second call a peer is late, and
-  the call waits until the test sets `arrive`."""
+  """Stands in for the driver's `_agree` (across processes, through the coordination service): at its second call a
+  peer is late, and the call waits until the test sets `arrive`."""
 
   def __init__(self):
     self.calls = 0
     self.waiting, self.arrive = threading.Event(), threading.Event()
 
-  def __call__(self, done: bool, interval_s: float) -> tuple[bool, float]:
+  def __call__(self, done: bool, interval_s: float, stopped=None) -> tuple[bool, float]:
     self.calls += 1
     if self.calls == 2:
       self.waiting.set()
@@ -560,7 +572,7 @@ class LatePeer:
 
 
 def test_a_wait_for_a_late_peer_is_no_rounds_cost(monkeypatch):
-  """Across processes a round begins with the processes agreeing (a collective). A process that waits there for a
+  """Across processes a round begins with the processes agreeing. A process that waits there for a
   late peer has handed over no snapshot: its steps meanwhile are timed as between rounds, not as the round's cost
   (counted as its cost, one peer's stall of a second spaced this process's rounds seconds apart for the rest of a
   run), and no snapshot is asked for until the peer has arrived."""
