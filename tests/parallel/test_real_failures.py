@@ -168,7 +168,7 @@ def test_cpr_mfu_on_sharded_tables_restores_only_the_dead_process_shards_and_nob
     '--config.recovery.incremental=true',
     '--config.recovery.rebaseline_fraction=1000',
     f'--config.recovery.priority_every_steps={EVERY // 4}',  # Every one saved (0: paced by their cost).
-    '--config.recovery.live_max_overhead=1',  # Live copies as often as allowed: the survivor's newer than 32.
+    '--config.recovery.live_max_overhead=1',  # Live copies as often as their cost allows.
     # Then process 1, two steps after the job came back: two deaths close together.
     launcher_flags=('--max_restarts=2', '--kill_at=0@40,1@44'),
   )
@@ -179,7 +179,10 @@ def test_cpr_mfu_on_sharded_tables_restores_only_the_dead_process_shards_and_nob
   dead, survivor = starts[0], starts[1]
   assert survivor['restored'] == 'live' and dead['restored'] == 'checkpoint', starts
   assert dead['position'] == survivor['position'] >= 40, starts  # Nobody rewinds; lock-step: one position.
-  assert dead['restored_step'] == 32 and survivor['restored_step'] > 32, starts
+  # The survivor's live copy is of step 32 or newer: copies go no more often than their cost allows (one at a time,
+  # `recovery.live_state`), and on a loaded machine (the full suite on 2 cores) the copy of step 32 was the newest
+  # once when process 0 died at 40.
+  assert dead['restored_step'] == 32 and survivor['restored_step'] >= 32, starts
   # Priority saves every EVERY / 4 steps: the newest before the position, newer than the checkpoint.
   assert dead['priority_rows_step'] is not None and 32 < dead['priority_rows_step'] <= dead['position'], dead
   assert dead['priority_rows_step'] % (EVERY // 4) == 0
