@@ -161,15 +161,15 @@ class ShadowSync:
     """A boundary within `FRESHNESS` of the pace the rounds follow (the job's: the longest of the processes' at the
     last agreement, or this process's own if longer); until a step time is known, every
     `pacing.MIN_STEPS_MEASURED` steps (blocks short enough that some fall between rounds, so that the pace gets
-    measured at all). Before the first step that may hand over a snapshot, that step: 'auto''s probe is not cut
-    (cut to `MIN_STEPS_MEASURED`, its longer blocks timed short, and their fit chose K = 1)."""
-    if step < self._first_snapshot_step:
-      return self._first_snapshot_step
+    measured at all); never before the first step that may hand over a snapshot: 'auto''s probe is not cut (cut to
+    `MIN_STEPS_MEASURED`, its longer blocks timed short, and their fit chose K = 1)."""
     step_s = self._pacer.step_time_s()
     if step_s is None:
-      return step + pacing.MIN_STEPS_MEASURED
-    pace_s = max(self._job_interval_s or 0.0, self._interval_s)
-    return step + max(1, int(FRESHNESS * pace_s / step_s))
+      due = step + pacing.MIN_STEPS_MEASURED
+    else:
+      pace_s = max(self._job_interval_s or 0.0, self._interval_s)
+      due = step + max(1, int(FRESHNESS * pace_s / step_s))
+    return max(due, self._first_snapshot_step)
 
   def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
     """After a block of `steps` steps: raise the thread's error, time the steps for the pace, merge a finished

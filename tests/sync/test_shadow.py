@@ -505,7 +505,7 @@ def test_no_snapshot_is_handed_over_before_first_round_after_steps_from_each_sta
   loop = Loop(_driver('ma', 4, first_round_after=28), 4)
   for start in range(2):
     _start(loop)
-    assert loop.driver.next_due(loop.step) == loop.step + 28
+    assert loop.driver.next_due(loop.step) >= loop.step + 28
     loop.run(27)
     time.sleep(0.2)  # Time enough for the thread to ask for a snapshot, were it to ask early.
     assert not loop.driver._snapshot_wanted.is_set(), f'a snapshot asked for before step 28 of start {start}'  # pylint: disable=protected-access
