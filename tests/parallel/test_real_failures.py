@@ -130,8 +130,8 @@ def test_partial_recovery_keeps_the_survivors_state_and_loses_only_the_dead_proc
   assert summary['num_failures'] == 2 and summary['recovery']['num_restarts'] == 2, summary['recovery']
   lost = {r['generation']: r for r in history.read(tmp_path) if r.get('event') == 'peer_lost'}
   # Which kill lands first depends on the processes' pace: their steps are not collectives, and on a loaded machine
-  # one process can be far behind the other (a first checkpoint write of seconds held process 1 at step 25 while
-  # process 0 reached 90). Each death is read from the launcher's record of it.
+  # one process can be far behind the other (compiling the programs of the K 'auto' chose held process 1 at step 25
+  # for seconds while process 0 reached 90). Each death is read from the launcher's record of it.
   failures = [(f['process'], f['step']) for f in summary['recovery']['failures']]
   assert sorted(failures) == [(0, 90), (1, 40)], failures
   skipped = 0
