@@ -147,11 +147,12 @@ def test_auto_keeps_shadow_ea_and_bmuf_at_one_step_a_dispatch_and_runs_the_k_a_c
   """'auto' is one step a dispatch for `shadow_ea` and `shadow_bmuf` (`config_lib.steps_per_dispatch`), not for
   `shadow_ma` (blocks keep its quality) nor with sharded tables (their rounds are dispatched by the loop); a K the
   config sets is run as it is, rounds and all."""
-  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_ea')) == 1
-  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_bmuf')) == 1
-  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_ma')) == 'auto'
-  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='none')) == 'auto'
-  sharded = _tiny(sync__algorithm='shadow_bmuf', sync__embedding_placement='sharded')
+  auto = {'train__steps_per_dispatch': 'auto'}  # The default's (the tiny config sets a K).
+  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_ea', **auto)) == 1
+  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_bmuf', **auto)) == 1
+  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_ma', **auto)) == 'auto'
+  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='none', **auto)) == 'auto'
+  sharded = _tiny(sync__algorithm='shadow_bmuf', sync__embedding_placement='sharded', **auto)
   assert config_lib.steps_per_dispatch(sharded) == 'auto'
   summary = train.train_and_evaluate(
     _tiny(num_replicas=2, sync__algorithm='shadow_ea', sync__min_interval_s=0.05, train__steps_per_dispatch=8),

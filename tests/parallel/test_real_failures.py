@@ -138,16 +138,24 @@ def test_partial_recovery_keeps_the_survivors_state_and_loses_only_the_dead_proc
   for generation, (dead, killed_at) in enumerate(failures, start=1):
     survivor = 1 - dead
     starts, before = _starts(tmp_path, generation), _starts(tmp_path, generation - 1)
-    # The survivor saved its live state and goes on from where it was: its step counter did not go back. It
-    # restores the newest of its states: its live state of its last step, or where its devices were stuck behind
-    # the dead peer's collective, its newest host copy (a fraction of a second old) or its newest checkpoint.
-    stopped = lost[generation - 1]
-    assert stopped['process'] == survivor and stopped['live_saved'], lost
-    assert starts[survivor]['position'] == stopped['step'] > before[survivor]['position'], starts
-    if starts[survivor]['restored'] == 'live':
-      assert starts[survivor]['restored_step'] == stopped['live_step'], starts
-    else:  # A checkpoint newer than its stuck host copy.
-      assert starts[survivor]['restored_step'] % EVERY == 0 and starts[survivor]['restored_step'] > stopped['live_step']
+    stopped = lost.get(generation - 1)
+    if stopped is None:
+      # The survivor had trained its whole stream (and saved it) before its peer died, and starts again where it
+      # ended (their steps are not coupled: on a loaded machine one process ran from 40 to 128 while the other,
+      # slowed, went from 25 to 90).
+      assert starts[survivor]['position'] == starts[survivor]['restored_step'] == STEPS, starts
+      assert starts[survivor]['restored'] == 'checkpoint', starts
+    else:
+      # The survivor saved its live state and goes on from where it was: its step counter did not go back. It
+      # restores the newest of its states: its live state of its last step, or where its devices were stuck behind
+      # the dead peer's collective, its newest host copy (a fraction of a second old) or its newest checkpoint.
+      assert stopped['process'] == survivor and stopped['live_saved'], lost
+      assert starts[survivor]['position'] == stopped['step'] > before[survivor]['position'], starts
+      if starts[survivor]['restored'] == 'live':
+        assert starts[survivor]['restored_step'] == stopped['live_step'], starts
+      else:  # A checkpoint newer than its stuck host copy.
+        restored_step = starts[survivor]['restored_step']
+        assert restored_step % EVERY == 0 and restored_step > stopped['live_step'], starts
     # The dead process reloads its newest checkpoint and goes on from where it died: nobody rewinds.
     assert starts[dead]['restored'] == 'checkpoint' and starts[dead]['position'] == killed_at, starts
     assert (

@@ -16,6 +16,7 @@ def test_steps_per_dispatch_reaches_every_run_the_shadow_ones_included():
 
 def test_unset_shadow_ea_and_bmuf_keep_one_step_a_dispatch_and_shadow_ma_takes_auto():
   base = default.get_config('tiny')
+  base.train.steps_per_dispatch = 'auto'  # The default's (the tiny config sets a K).
   settings = sync_study.Settings(num_replicas=2, seeds=(0,))
   for algorithm, expected in (('shadow_bmuf', 1), ('shadow_ea', 1), ('shadow_ma', 'auto')):
     config = sync_study.config_for(base, settings, algorithm, every_k_steps=10)
