@@ -296,6 +296,7 @@ class BlockDispatcher:
         replicas=local_replicas,
         readers=readers_lib.count(config.data.readers),
         processes=config.data.reader_processes,
+        place=lambda block: replicas.shard(block, meshes.local),
       )
     self._train_block = make_train_block(config, meshes)
     self._in_flight = None
@@ -316,15 +317,15 @@ class BlockDispatcher:
       self._delay.before_block(steps)
     probing, started = self.plan.probing, time.perf_counter()
     self.waited = probing
-    block = self.reader.take(step, steps)
-    steps_L = np.full(self._num_local, steps, np.int32)
-    full = steps == self.reader.block_steps == self._all_steps_compiled  # All K: the program with a static count.
-    state_L, metrics = self._train_block(state_L, *replicas.shard((block, steps_L), self._meshes.local), full=full)
-    if self._collective:
-      distributed.block_dispatched(steps)
-    if step + steps < self.plan.stop_step:  # The next block is read while this one trains.
+    block, placed = self.reader.take(step, steps)
+    if step + steps < self.plan.stop_step:  # The next block is read and placed while this one is dispatched and trains.
       ahead = self.plan.peek(step + steps, due_steps(step + steps))
       self.reader.prefetch(step + steps, min(self.reader.block_steps, ahead))
+    steps_L = replicas.shard(np.full(self._num_local, steps, np.int32), self._meshes.local)
+    full = steps == self.reader.block_steps == self._all_steps_compiled  # All K: the program with a static count.
+    state_L, metrics = self._train_block(state_L, placed, steps_L, full=full)
+    if self._collective:
+      distributed.block_dispatched(steps)
     # One block in flight, no more (docs/design.md §3): the last one is done before this one's boundary, so a boundary's
     # times are the device's pace and a snapshot or a save waits for one block at most.
     jax.block_until_ready(self._in_flight)

@@ -288,12 +288,14 @@ class DeviceBlockReader:
   def prefetch(self, first_step: int, num_steps: int) -> None:
     self._pending = (first_step, num_steps, self.block_steps, self._generate(first_step, num_steps))
 
-  def take(self, first_step: int, num_steps: int) -> Batch:
-    """Steps [first_step, first_step + num_steps): the prefetched block if it starts there and holds as many."""
+  def take(self, first_step: int, num_steps: int) -> tuple[Batch, Batch]:
+    """Steps [first_step, first_step + num_steps): the prefetched block if it starts there and holds as many; twice,
+    as `input_pipeline.BlockReader.take` gives a block on the host and placed (this one is made where it trains)."""
     pending, self._pending = self._pending, None
     if pending is not None and pending[0] == first_step and pending[1] >= num_steps and pending[2] == self.block_steps:
-      return pending[3]
-    return self._generate(first_step, num_steps)
+      return pending[3], pending[3]
+    block = self._generate(first_step, num_steps)
+    return block, block
 
   def resize(self, block_steps: int) -> None:
     """Blocks of `block_steps` from now on; their program compiled now (a block of no step), not in the first

@@ -1,7 +1,9 @@
 """Tests of the one-pass stream layout: replica shards, resume, both sources through the same pipeline."""
 
 import pathlib
+import threading
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -223,15 +225,23 @@ def test_the_block_reader_serves_a_prefetched_block_or_reads_the_one_asked_for()
       Counting.reads += 1
       return super().read(start, count)
 
-  reader = input_pipeline.BlockReader(Counting(), 2, 4, block_steps=4, readers=2, processes=False)
+  placed_in = []  # The threads that placed a block.
+
+  def place(block):
+    placed_in.append(threading.current_thread().name)
+    return jax.device_put(block)
+
+  reader = input_pipeline.BlockReader(Counting(), 2, 4, block_steps=4, readers=2, processes=False, place=place)
   try:
     reader.prefetch(3, 4)
-    block = reader.take(3, 2)  # Its first two steps: the prefetched block serves (steps past 2 are never used).
+    block, placed = reader.take(3, 2)  # Its first two steps: the prefetched block serves (steps past 2 are never used).
     assert Counting.reads == 1 and block.label[0, 0, 0] == 3 * 2 * 4
+    assert isinstance(placed.label, jax.Array) and np.array_equal(np.asarray(placed.label), block.label)
+    assert placed_in[0].startswith('block-reader')  # Placed where it was read, off the loop's thread.
     reader.prefetch(5, 4)
-    again = reader.take(0, 1)  # Not what was prefetched: read now.
+    again, _ = reader.take(0, 1)  # Not what was prefetched: read now.
     assert Counting.reads == 3 and again.label[0, 0, 0] == 0 and not again.label[:, 1:].any()
     reader.resize(8)
-    assert reader.take(0, 6).label.shape == (2, 8, 4)
+    assert reader.take(0, 6)[0].label.shape == (2, 8, 4)
   finally:
     reader.close()

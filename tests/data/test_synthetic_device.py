@@ -79,13 +79,14 @@ def test_a_generated_block_is_the_block_read_on_the_host():
   reader = synthetic_device.DeviceBlockReader(generator, 8, 64, 5, range(2, 4), mesh, 'replica', offset=1000)
   expected = input_pipeline.read_block(stream, 8, 64, 3, 4, 5, replicas=range(2, 4))
   reader.prefetch(3, 4)
-  block = reader.take(3, 4)
+  block, placed = reader.take(3, 4)
+  assert placed is block  # Made where it trains.
   assert block.sparse.sharding.spec == jax.sharding.PartitionSpec('replica')
   np.testing.assert_array_equal(np.asarray(block.sparse), expected.sparse)
   np.testing.assert_allclose(np.asarray(block.dense), expected.dense, rtol=0.6)  # A count off by one at most.
   assert not np.asarray(block.label)[:, 4:].any() and not np.asarray(block.sparse)[:, 4:].any()
   reader.prefetch(7, 5)
-  other = reader.take(0, 1)  # Not the prefetched steps: generated now.
+  other, _ = reader.take(0, 1)  # Not the prefetched steps: generated now.
   np.testing.assert_array_equal(
     np.asarray(other.sparse), input_pipeline.read_block(stream, 8, 64, 0, 1, 5, range(2, 4)).sparse
   )
