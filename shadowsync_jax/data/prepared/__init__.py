@@ -1,1 +1,1 @@
-"""Criteo prepared once: blocks of parsed rows in a tensorflow-datasets dataset (array_record), read through grain."""
+"""Criteo prepared once: blocks of parsed rows in a tensorflow-datasets dataset (array_record), read by the block."""
