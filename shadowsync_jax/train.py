@@ -300,6 +300,7 @@ class BlockDispatcher:
       )
     self._train_block = make_train_block(config, meshes)
     self._in_flight = None
+    self._placed_counts: dict[int, Any] = {}  # Steps of a block -> that count on each local device (never donated).
     self._collective = _steps_are_collective(config)  # A block that needs every peer: the watchdog is told of it.
     self._all_steps_compiled: int | None = None  # The K whose all-steps program is compiled (0: none will be).
     self.paused_s = 0.0  # Compiling the K 'auto' chose: no training time.
@@ -321,7 +322,11 @@ class BlockDispatcher:
     if step + steps < self.plan.stop_step:  # The next block is read and placed while this one is dispatched and trains.
       ahead = self.plan.peek(step + steps, due_steps(step + steps))
       self.reader.prefetch(step + steps, min(self.reader.block_steps, ahead))
-    steps_L = replicas.shard(np.full(self._num_local, steps, np.int32), self._meshes.local)
+    steps_L = self._placed_counts.get(steps)
+    if steps_L is None:  # A few counts recur (K, the cuts at events): each placed once, not a device_put a block.
+      steps_L = self._placed_counts[steps] = replicas.shard(
+        np.full(self._num_local, steps, np.int32), self._meshes.local
+      )
     full = steps == self.reader.block_steps == self._all_steps_compiled  # All K: the program with a static count.
     state_L, metrics = self._train_block(state_L, placed, steps_L, full=full)
     if self._collective:
