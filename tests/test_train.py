@@ -279,3 +279,21 @@ def test_blocks_of_any_size_train_the_same_model(tmp_path, overrides):
   assert two['consensus_fingerprint_per_process'] == auto['consensus_fingerprint_per_process']
   assert two['eval_ne'] == auto['eval_ne']
   assert one['eval_ne'] == pytest.approx(auto['eval_ne'], rel=1e-6)
+
+
+@pytest.mark.parametrize('share, expected', [(1.0, 'every write'), (1e-9, 'none')])
+def test_the_metric_streams_replica_divergence_is_written_no_more_often_than_its_cost_allows(
+  tmp_path, monkeypatch, share, expected
+):
+  """A write's divergence reads every replicated param (seconds at Criteo Kaggle's size, 8 replicas): it is timed
+  before the steps and written no more often than `DIVERGENCE_SHARE` of the time between allows. At the tiny
+  config's cost every write carries it; priced as if it took a billion times its time, none does (the summary's,
+  measured at the end, is there either way)."""
+  monkeypatch.setattr(train, 'DIVERGENCE_SHARE', share)
+  summary = train.train_and_evaluate(_tiny(num_replicas=2, train__log_every_steps=32), tmp_path)
+  writes = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  writes = [w for w in writes if 'train_loss' in w]
+  assert len(writes) >= 3
+  carried = [w for w in writes if 'replica_divergence' in w]
+  assert len(carried) == (len(writes) if expected == 'every write' else 0), writes
+  assert summary['replica_divergence'] > 0

@@ -205,6 +205,7 @@ class IncrementalCheckpointer:
     self._baseline: int | None = max(self._full.all_steps(), default=self._first_baseline())
     self._counts = {'saves': 0, 'baselines': 0, 'differentials': 0, 'bytes_written': 0, 'rows_written': 0}
     self._blocked_s = 0.0
+    self._restores_s: list[float] = []  # Each restore whole, a baseline's or a differential's over its baseline.
     self.last_save: dict[str, Any] = {}  # What the newest save wrote: its kind, bytes and rows (a differential's
     # bytes as its arrays count them, before the file is written).
 
@@ -356,13 +357,16 @@ class IncrementalCheckpointer:
     """The checkpoint at `step` as (tree, data): a baseline as `Checkpointer.restore` reads it, a differential as
     its baseline with its rows and dense leaves over it."""
     self.wait()
+    started = time.perf_counter()
     baseline = self._differential_steps().get(step)
     if baseline is None:
       tree, data = self._full.restore(step, abstract)
       self._baseline = step
-      return tree, data
-    with np.load(self._differentials / f'{step}_{baseline}.npz') as saved:
-      return self.compose(saved, abstract)
+    else:
+      with np.load(self._differentials / f'{step}_{baseline}.npz') as saved:
+        tree, data = self.compose(saved, abstract)
+    self._restores_s.append(time.perf_counter() - started)
+    return tree, data
 
   def compose(self, saved: Mapping[str, np.ndarray], abstract: PyTree) -> tuple[PyTree, dict[str, Any]]:
     """A differential's arrays (its file's, or `file_leaves`') over its baseline, read or rebuilt: (tree, data),
@@ -459,6 +463,9 @@ class IncrementalCheckpointer:
       **{f'checkpoint_{key}': value for key, value in self._counts.items()},
       'checkpoint_blocked_s': self._blocked_s,
       'save_blocking_s': self._blocked_s / saves if saves else None,
+      # Every restore, a differential's too (the whole checkpointer's count only the baselines it reads).
+      'restores': len(self._restores_s),
+      'restore_s': sum(self._restores_s) / len(self._restores_s) if self._restores_s else None,
       'incremental': True,
     }
 

@@ -168,6 +168,11 @@ def speed_ratios(rows: Sequence[dict[str, Any]]) -> list[tuple[int, list[float]]
   return sorted(ratios.items())
 
 
+def _seconds(value: float | None) -> str:
+  """A time, or '-' where the run reported none (a run that wrote a study's rows must not be lost to one)."""
+  return '-' if value is None else f'{value:.1f}'
+
+
 def table(rows: Sequence[dict[str, Any]]) -> str:
   lines = [
     '| cell | state GB (a process) | peak RSS GB | bound GB | examples/sec | first step s | save s | restore s '
@@ -182,7 +187,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     lines.append(
       f'| {r["cell"]} | {_gb(r["state_bytes"])} | {_gb(r["peak_rss_bytes"])} | {_gb(r["bound_bytes"])} '
       f'| {r["examples_per_sec"]:,.0f} | {r["startup_s"]:.1f} | {save} '
-      f'| {r["restore_s"]:.1f} | {_gb(r["restore_peak_rss_bytes"])} | {r["eval_ne"]:.4f} |'
+      f'| {_seconds(r["restore_s"])} | {_gb(r["restore_peak_rss_bytes"])} | {r["eval_ne"]:.4f} |'
     )
   for batch, ratios in speed_ratios(rows):
     runs = ', '.join(f'{r:.2f}' for r in ratios)

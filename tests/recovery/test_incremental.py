@@ -77,6 +77,7 @@ def test_differentials_hold_the_rows_changed_since_the_baseline_and_restore_exac
   # 10 the first baseline; at 40 more than half the rows changed since it (600 of each replica's 1,000 and more): a
   # new baseline; 20, 30, 50 differentials.
   assert stats['checkpoint_baselines'] == 2 and stats['checkpoint_differentials'] == 3, stats
+  assert stats['restores'] == 1 and stats['restore_s'] > 0, stats  # The restore of 20: a differential, counted.
   changed = sum(int((saved[s]['train'].row_steps > b).sum()) for s, b in ((20, 10), (30, 10), (50, 40)))
   assert stats['checkpoint_rows_written'] == 2 * L * V + changed, stats
   assert [checkpointer.baseline_of(s) for s in (40, 50)] == [40, 40]
