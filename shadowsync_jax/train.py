@@ -185,16 +185,17 @@ def check_memory(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMesh
   )
 
 
-# A write's replica divergence reads every replicated param: it is written no more often than costs this share of the
-# time between (8 replicas of Criteo Kaggle's 2.3 GB of tables: about 3 s a divergence on 2 cores, which written
-# every second held the job to a seventh of its pace).
+# A write's replica divergence reads every replicated param: a write by seconds carries it no more often than costs
+# this share of the time between (8 replicas of Criteo Kaggle's 2.3 GB of tables: about 3 s a divergence on 2 cores,
+# which written every second held the job to a seventh of its pace). Writes at the steps asked for carry it all.
 DIVERGENCE_SHARE = 0.02
 
 
 class _MetricLog:
   """The metric stream's writes (train loss, examples/sec, replica divergence, the driver's statistics) every
   `train.log_every_steps` steps (a block ends there) or `train.log_every_s` seconds (at the first boundary after);
-  the divergence with a write no more often than its cost allows (`DIVERGENCE_SHARE`, timed in `prepare`).
+  the divergence with every write by steps, and with those by seconds no more often than its cost allows
+  (`DIVERGENCE_SHARE`, timed in `prepare`).
   The blocks' losses stay on the device, and a write reads them one block late, at the next boundary, when the next
   block is already dispatched (docs/design.md §13: nothing read back inside a block, no bubble in the device's
   queue)."""
@@ -230,10 +231,11 @@ class _MetricLog:
       self._start = self._last_divergence = now
       return
     self._losses.append((metrics['loss'], steps))
-    if step % self._every_steps and not (self._every_s and now - self._start >= self._every_s):
+    by_steps = step % self._every_steps == 0
+    if not by_steps and not (self._every_s and now - self._start >= self._every_s):
       return
     divergence = None
-    if now - self._last_divergence >= self._divergence_every_s:
+    if by_steps or now - self._last_divergence >= self._divergence_every_s:  # The steps asked for carry it all.
       # This process's replicas only: a job-wide figure would need a collective beside the shadow thread's.
       divergence = replicas.replica_divergence(_replicated_part(state.params, self._config))  # Dispatched, not read.
       self._last_divergence = now

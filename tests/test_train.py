@@ -281,16 +281,19 @@ def test_blocks_of_any_size_train_the_same_model(tmp_path, overrides):
   assert one['eval_ne'] == pytest.approx(auto['eval_ne'], rel=1e-6)
 
 
-@pytest.mark.parametrize('share, expected', [(1.0, 'every write'), (1e-9, 'none')])
+@pytest.mark.parametrize(
+  'share, by, expected', [(1e9, 'seconds', 'every write'), (1e-9, 'seconds', 'none'), (1e-9, 'steps', 'every write')]
+)
 def test_the_metric_streams_replica_divergence_is_written_no_more_often_than_its_cost_allows(
-  tmp_path, monkeypatch, share, expected
+  tmp_path, monkeypatch, share, by, expected
 ):
   """A write's divergence reads every replicated param (seconds at Criteo Kaggle's size, 8 replicas): it is timed
-  before the steps and written no more often than `DIVERGENCE_SHARE` of the time between allows. At the tiny
-  config's cost every write carries it; priced as if it took a billion times its time, none does (the summary's,
-  measured at the end, is there either way)."""
+  before the steps, and writes by seconds carry it no more often than `DIVERGENCE_SHARE` of the time between
+  allows: priced as free, every one; priced as if it took a billion times its time, none. Writes at the steps asked
+  for carry it whatever it costs. The summary's, measured at the end, is there either way."""
   monkeypatch.setattr(train, 'DIVERGENCE_SHARE', share)
-  summary = train.train_and_evaluate(_tiny(num_replicas=2, train__log_every_steps=32), tmp_path)
+  every = {'seconds': {'train__log_every_s': 1e-6, 'train__log_every_steps': 10**6}, 'steps': {}}[by]
+  summary = train.train_and_evaluate(_tiny(num_replicas=2, **{'train__log_every_steps': 32, **every}), tmp_path)
   writes = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
   writes = [w for w in writes if 'train_loss' in w]
   assert len(writes) >= 3
