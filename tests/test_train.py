@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import default
+from shadowsync_jax import block_plan
 from shadowsync_jax import config as config_lib
 from shadowsync_jax import train
 from shadowsync_jax.parallel import memory
@@ -163,14 +164,23 @@ def test_auto_keeps_shadow_ea_and_bmuf_at_one_step_a_dispatch_and_runs_the_k_a_c
 
 
 @pytest.mark.parametrize(
-  'algorithm, steps_per_dispatch', [('none', 'auto'), ('fr_ma', 'auto'), ('shadow_ea', 'auto'), ('none', 8)]
+  'algorithm, steps_per_dispatch, auto_chooses',
+  [
+    ('none', 'auto', None),
+    ('none', 'auto', block_plan.PROBE_STEPS),  # The probe's own longest block: no block of no step compiles it.
+    ('fr_ma', 'auto', None),
+    ('shadow_ea', 'auto', None),
+    ('none', 8, None),
+  ],
 )
-def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm, steps_per_dispatch):
+def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm, steps_per_dispatch, auto_chooses):
   """examples/sec counts from the end of the first block (one step): a compile after it (the first round, merge,
   loss read or log) would be counted as training time, and one in the shadow thread takes the trainers' cores. The
-  one compile allowed is the block program of the K that 'auto' chose, by a block of no step whose time is left out
-  of the timed steps."""
+  compiles allowed after it are those of the K that 'auto' chose, in the pause after its probe (left out of the timed
+  steps): the block program of K steps, by a block of no step, unless the probe's blocks already had K steps; and the
+  program of all K steps. `auto_chooses`: the K 'auto' is made to choose (None: the one it measures)."""
   compiles, calls, fulls = [], [], []  # calls: (compiles before it, the block's steps); fulls: the all-K program
+  compiling_calls = [0]  # The calls after which a compile may come: the first, a block of no step, the all-K program.
 
   def on_event(event, duration_s, **kwargs):
     del duration_s, kwargs
@@ -183,14 +193,23 @@ def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm
     train_block = make_train_block(config, meshes)
 
     def counted(state, block, steps_L, full=False):
-      calls.append((len(compiles), int(np.asarray(steps_L)[0])))
+      steps = int(np.asarray(steps_L)[0])
+      calls.append((len(compiles), steps))
       fulls.append(full)
+      if steps == 0:
+        compiling_calls.append(len(calls) - 1)
       return train_block(state, block, steps_L, full=full)
 
-    counted.compile_all_steps = train_block.compile_all_steps  # Compiled ahead, with the K chosen.
+    def compile_all_steps(*args):  # Compiled ahead, with the K chosen, after the last call.
+      compiling_calls.append(len(calls) - 1)
+      return train_block.compile_all_steps(*args)
+
+    counted.compile_all_steps = compile_all_steps
     return counted
 
   monkeypatch.setattr(train, 'make_train_block', counting_make_train_block)
+  if auto_chooses is not None:
+    monkeypatch.setattr(block_plan, 'choose_steps_per_dispatch', lambda *args, **kwargs: auto_chooses)
   jax.monitoring.register_event_duration_secs_listener(on_event)
   try:
     summary = train.train_and_evaluate(
@@ -208,16 +227,17 @@ def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm
   finally:
     jax.monitoring.unregister_event_duration_listener(on_event)
   assert sum(steps for _, steps in calls) == 64 and calls[0][1] == 1
-  if steps_per_dispatch == 8:  # 'auto' chose 64 here, and the probe left fewer steps than that.
-    assert fulls.count(True) >= 4, (calls, fulls)  # Full blocks ran the program of all K steps, compiled ahead.
+  if auto_chooses is not None:
+    assert summary['steps_per_dispatch'] == auto_chooses
+  if 8 in (steps_per_dispatch, auto_chooses):  # 'auto''s own choice here (64) is longer than the steps left.
+    assert fulls.count(True) >= 3, (calls, fulls)  # Full blocks ran the program of all K steps, compiled ahead.
   if algorithm != 'none':
     assert summary['sync_rounds'] >= 1
-  # The first block compiles (and everything compiled ahead comes before it), as may a block of no step; after the
-  # last of them, nothing.
-  last_compiling = max(i for i, (_, steps) in enumerate(calls) if i == 0 or steps == 0)
+  # After the last compiling call, nothing compiles.
+  last_compiling = max(compiling_calls)
   assert calls[1][0] > 0
   assert len(calls) > last_compiling + 1
-  assert {count for count, _ in calls[last_compiling + 1 :]} == {calls[last_compiling + 1][0]}, calls
+  assert {count for count, _ in calls[last_compiling + 1 :]} == {calls[last_compiling + 1][0]}, (calls, compiling_calls)
 
 
 def test_invalid_config_fails_before_training(tmp_path):
