@@ -90,7 +90,13 @@ def test_sync_sgd_on_eight_replicas_equals_one_replica_on_the_global_batch(one_r
   [
     {},
     # Elastic averaging carries state across rounds (the center): the checkpoint must hold it too.
-    {'num_replicas': 4, 'batch_size': 32, 'sync__algorithm': 'fr_ea', 'sync__every_k_steps': 7},
+    {
+      'num_replicas': 4,
+      'batch_size': 32,
+      'data__num_train_examples': 16_384,  # 128 steps, a round every 7: blocks of 7 steps at most.
+      'sync__algorithm': 'fr_ea',
+      'sync__every_k_steps': 7,
+    },
   ],
   ids=['none', 'fr_ea'],
 )
