@@ -42,9 +42,11 @@ PARAMETER_SERVER_ALGORITHMS = ('gba', 'async_sgd')  # One server model (the gba 
 SHADOW_ALGORITHMS = ('shadow_ma', 'shadow_ea', 'shadow_bmuf')  # Rounds in a background thread (sync.shadow).
 # Shadow algorithms that keep one step a dispatch under 'auto' (with replicated tables). A round runs on the devices
 # the blocks run on, so it waits for the block in flight and is merged at a boundary: under blocks rounds come 3-4
-# blocks apart (30-65 steps at the default config's 8 replicas, 10-14 at one step a dispatch). Model averaging
-# keeps its NE at that gap and gains the blocks' throughput (0.92-0.97 of `none`'s against 0.71); elastic averaging
-# and BMUF lose 1.3% and 3.2% of NE there (docs/studies/sync.md, benchmarks/results/sync_study_k16.md).
+# blocks apart (30-65 steps at the default config's 8 replicas, 10-14 at one step a dispatch) and land a block or
+# two after their snapshot (`mean_merge_lag_steps`; 2 steps at one step a dispatch). Model averaging keeps its NE
+# and gains the blocks' throughput; elastic averaging loses what the wider gap costs its foreground version, and
+# BMUF far more: its block momentum (a gain of 8 at 8 replicas) acts a round before the last round's jump shows in
+# the replicas' progress, and it can diverge (docs/studies/sync.md, benchmarks/results/sync_study_k16.md).
 ONE_STEP_A_DISPATCH_UNDER_AUTO = ('shadow_ea', 'shadow_bmuf')
 SYNCED_PARAMS = ('dense', 'all')
 EMBEDDING_PLACEMENTS = (*table_placement.PLACEMENTS, 'auto')

@@ -125,27 +125,30 @@ def _run_seed(base: ml_collections.ConfigDict, settings: Settings, root: pathlib
 
 def table(rows: list[dict[str, Any]]) -> str:
   """A row a run (label): eval NE against sync_sgd's of the same seed (mean, and the range over the seeds), AUC,
-  examples/sec (and against none's), rounds, mean sync gap, pace (means over the seeds); the Bayes NE floors below."""
+  examples/sec (and against none's), rounds, mean sync gap, merge lag (steps from a shadow round's snapshot to its
+  merge), pace (means over the seeds); the Bayes NE floors below."""
   seeds = sorted({r['seed'] for r in rows})
   by = {(r['label'], r['seed']): r for r in rows}
   mean = lambda values: sum(values) / len(values)
   lines = [
     '| run | eval NE (mean) | NE vs sync_sgd: mean (min to max) | AUC (mean) | examples/sec (mean) | vs none | '
-    'rounds (mean) | mean sync gap | pace (s) |',
-    '|---|---|---|---|---|---|---|---|---|',
+    'rounds (mean) | mean sync gap | merge lag | pace (s) |',
+    '|---|---|---|---|---|---|---|---|---|---|',
   ]
   for label in dict.fromkeys(r['label'] for r in rows):
     runs = [by[(label, s)] for s in seeds]
     gaps = [100 * (by[(label, s)]['eval_ne'] / by[('sync_sgd', s)]['eval_ne'] - 1) for s in seeds]
     speed = [by[(label, s)]['examples_per_sec'] / by[('none', s)]['examples_per_sec'] for s in seeds]
     sync_gaps = [r['mean_sync_gap'] for r in runs if r['mean_sync_gap'] is not None]
+    lags = [r['mean_merge_lag_steps'] for r in runs if r.get('mean_merge_lag_steps') is not None]
     paces = [r['sync_interval_s'] for r in runs if r.get('sync_interval_s') is not None]
     spread = f' ({min(gaps):+.2f}% to {max(gaps):+.2f}%)' if len(seeds) > 1 else ''
     lines.append(
       f'| {label} | {mean([r["eval_ne"] for r in runs]):.4f} | {mean(gaps):+.2f}%{spread} | '
       f'{mean([r["eval_auc"] for r in runs]):.4f} | {mean([r["examples_per_sec"] for r in runs]):,.0f} | '
       f'{mean(speed):.2f} | {mean([r["sync_rounds"] for r in runs]):.0f} | '
-      f'{f"{mean(sync_gaps):.1f}" if sync_gaps else ""} | {f"{mean(paces):.2f}" if paces else ""} |'
+      f'{f"{mean(sync_gaps):.1f}" if sync_gaps else ""} | {f"{mean(lags):.1f}" if lags else ""} | '
+      f'{f"{mean(paces):.2f}" if paces else ""} |'
     )
   floors = ', '.join(f'{by[("none", s)]["bayes_ne"]:.4f} (seed {s})' for s in seeds if by[('none', s)]['bayes_ne'])
   if floors:

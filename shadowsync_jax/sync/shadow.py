@@ -102,6 +102,8 @@ class ShadowSync:
     self._interval_s = self._pacer.interval_s()  # Written by the training thread, read by the shadow thread.
     self._clock = pacing.BlockClock(self._pacer)
     self._in_flight = False  # A snapshot was handed over and its round not merged yet.
+    self._snapshot_step: int | None = None  # The boundary that handed it over (None: after the last step).
+    self._merge_lags: list[int] = []  # Steps trained between a round's snapshot and its merge.
     self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job)
     self._agree = _round_agreement(meshes)
     self._job_interval_s: float | None = None  # The longest pace of the processes, agreed at the last round.
@@ -225,9 +227,17 @@ class ShadowSync:
     return consensus.materialize(self.consensus_rule(), params_L, self._sync_state_R, self._meshes)
 
   def stats(self) -> dict[str, Any]:
-    """The rounds and sync gaps (`rounds.GapTracker`), this process's pace (`pacing.Pacer.stats`), and
-    sync_job_interval_s: the pace the processes agreed on at the last round (the longest of theirs)."""
-    return {**self._gaps.stats(), **self._pacer.stats(), 'sync_job_interval_s': self._job_interval_s}
+    """The rounds and sync gaps (`rounds.GapTracker`), this process's pace (`pacing.Pacer.stats`),
+    sync_job_interval_s: the pace the processes agreed on at the last round (the longest of theirs), and
+    mean_merge_lag_steps: the steps trained between a round's snapshot and its merge, how stale a round is when it
+    lands (the local steps `w + (s' - s)` keeps; under blocks, a block or more)."""
+    lags = self._merge_lags
+    return {
+      **self._gaps.stats(),
+      **self._pacer.stats(),
+      'sync_job_interval_s': self._job_interval_s,
+      'mean_merge_lag_steps': sum(lags) / len(lags) if lags else None,
+    }
 
   def sync_state(self) -> PyTree:
     """The sync state of the last merged round, so it matches the params `at_boundary` returned (safe to save)."""
@@ -257,6 +267,8 @@ class ShadowSync:
       state_L = state_L._replace(params=rounds.with_synced(state_L.params, synced_groups))
       self._sync_state_R = sync_state_R
       self._gaps.merged(step, latency_s)
+      if step is not None and self._snapshot_step is not None:
+        self._merge_lags.append(step - self._snapshot_step)
       self._in_flight = False
       self._clock.touched()
       if step is not None:
@@ -264,6 +276,7 @@ class ShadowSync:
     if self._snapshot_wanted.is_set() and (step is None or step >= self._first_snapshot_step):
       self._snapshot_wanted.clear()
       self._snapshots.put(rounds.copy(rounds.select(state_L.params, self._groups)))
+      self._snapshot_step = step
       self._in_flight = True
       self._clock.touched()
     return state_L

@@ -22,3 +22,25 @@ def test_unset_shadow_ea_and_bmuf_keep_one_step_a_dispatch_and_shadow_ma_takes_a
     config = sync_study.config_for(base, settings, algorithm, every_k_steps=10)
     assert config_lib.steps_per_dispatch(config) == expected, algorithm
   assert 'steps_per_dispatch' not in sync_study.changed_settings(base, settings)
+
+
+def test_the_table_gives_shadow_rows_their_merge_lag_and_foreground_rows_none():
+  def row(label, seed, ne, **stats):
+    summary = {'label': label, 'seed': seed, 'eval_ne': ne, 'eval_auc': 0.75, 'examples_per_sec': 1000.0}
+    return {**summary, 'bayes_ne': 0.8, 'sync_rounds': 10, 'mean_sync_gap': 12.0, **stats}
+
+  rows = [
+    row(label, seed, 0.85, **stats)
+    for seed in (0, 1)
+    for label, stats in (
+      ('none', {'mean_sync_gap': None}),
+      ('sync_sgd', {}),
+      ('fr_bmuf', {}),
+      ('shadow_bmuf', {'mean_merge_lag_steps': 10.0 + seed, 'sync_interval_s': 0.1}),
+    )
+  ]
+  cells = [[cell.strip() for cell in line.strip('|').split('|')] for line in sync_study.table(rows).splitlines()[:6]]
+  assert cells[0][7:10] == ['mean sync gap', 'merge lag', 'pace (s)']
+  by_label = {line[0]: line for line in cells[2:]}
+  assert by_label['shadow_bmuf'][7:10] == ['12.0', '10.5', '0.10']
+  assert by_label['fr_bmuf'][7:10] == ['12.0', '', '']

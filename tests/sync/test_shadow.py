@@ -171,6 +171,7 @@ def test_merge_keeps_the_local_steps_made_during_the_round(monkeypatch, name, nu
   _assert_tree_close(loop.state.params, want, f'params right after the merge at step {merge_step}')
   assert loop.driver.stats()['sync_rounds'] == 1
   assert loop.driver.stats()['max_sync_gap'] == merge_step
+  assert loop.driver.stats()['mean_merge_lag_steps'] == merge_step - snapshot_step
 
   final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   assert not thread.is_alive()
