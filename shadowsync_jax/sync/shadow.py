@@ -136,7 +136,7 @@ class ShadowSync:
     self._gaps.reset(int(state_L.step[0]))
     self._first_snapshot_step = int(state_L.step[0]) + self._first_round_after
     self._clock.reset()
-    self._in_flight = False
+    self._in_flight, self._snapshot_step = False, None
     self._stop.clear()
     self._done.clear()
     self._snapshot_wanted.clear()
