@@ -205,7 +205,7 @@ def steps_time(summary: dict[str, Any]) -> float:
   )
 
 
-def _restart_s(row: dict[str, Any]) -> list[float]:
+def restart_seconds(row: dict[str, Any]) -> list[float]:
   """Seconds of each restart of a run (its summary's split over its failures)."""
   recovery = row.get('recovery') or {}
   split = recovery.get('overhead_s') or {}
@@ -227,7 +227,7 @@ def by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
       'eval_ne': [r['eval_ne'] for r in mode_runs],
       'ne_vs_reference_pct': [r['ne_vs_reference_pct'] for r in mode_runs],
       'failures': [r['num_failures'] for r in mode_runs],
-      'seconds_per_restart': [s for r in mode_runs for s in _restart_s(r)],
+      'seconds_per_restart': [s for r in mode_runs for s in restart_seconds(r)],
       # Per process of every run: the share of its rows a checkpoint wrote, and MB written a second.
       'rows_written_share': [x for r in mode_runs for x in r.get('rows_written_share', [])],
       'mb_written_per_s': [x for r in mode_runs for x in r.get('mb_written_per_s', [])],

@@ -93,3 +93,10 @@ def test_the_headline_gives_means_and_ranges_over_the_seeds(monkeypatch):
     "emulated failures, 2 seeds: full recovery's overhead 15.00% (10.00% to 20.00%); `partial` 0.30 (0.10 to 0.50), "
     "`cpr` 0.56 (0.11 to 1.00) of it on the same seed; NE within 0.500% of the failure-free run's"
   )
+
+
+def test_a_bound_every_run_must_keep_is_met_only_when_every_run_keeps_it():
+  """Each run's NE and restart are bounds a run keeps or not: the headline counts the runs over, never 'within
+  noise' for a spread that holds both."""
+  assert headlines._runs_verdict([0.0, 0.05, 0.1], 0.1) == 'met'
+  assert headlines._runs_verdict([0.0, 2.7, 0.05], 0.1) == 'not met by 1 of 3'
