@@ -13,13 +13,17 @@
 A block ends at the earliest of K steps, the stop, and the next step at whose boundary a hook must act (a log step, a
 checkpoint, a foreground round, an emulated failure, a kill): events happen at block boundaries, so a run gives the same
 results whatever K is. The first block is one step (it compiles). With `steps_per_dispatch='auto'` the next blocks
-probe: one step, then `PROBE_STEPS`, three times, each waited for and timed; a block of n steps takes about h + n t (h:
-the host's own work per dispatch, reading and placing the batches, dispatching, the hooks; t: a step on the device; the
-fastest block of each size is taken, the first ones after a compile run slower), and K is the smallest power of two
-whose dispatch is long enough that h is at most `HOST_SHARE` of it: K t >= h / HOST_SHARE (Keras's
-`steps_per_execution`, chosen by measurement). Pure bookkeeping: the training loop times the blocks, and every process
-of a job, given the same events, plans the same blocks (the probe's sizes are fixed; a job agrees on K by taking the
-largest any process chose, `agree`).
+probe: one step, then `PROBE_STEPS`, three times, each waited for and timed, its data read inside its time (nothing
+is read ahead while the probe runs: a block of one size read beside a block of the other made the fit mistake one
+for the other). A block of n steps takes about h + n t (h: the host's own work per dispatch, reading and placing
+the batches, dispatching; t: a step, its data's share included). The fastest block of each size gives the fit
+(`fit_host_and_step`); the second fastest says how far the probe's noise could have moved it: K is chosen from h's
+upper bound (`host_upper_bound`: the fit plus that noise, at most the fastest one-step block, which holds h and a
+step), so that a busy moment can choose a K too large, never one whose dispatches the host's work swamps. K is the
+smallest power of two whose dispatch is long enough that that bound is at most `HOST_SHARE` of it: K t >=
+h / HOST_SHARE (Keras's `steps_per_execution`, chosen by measurement). Pure bookkeeping: the training loop times
+the blocks, and every process of a job, given the same events, plans the same blocks (the probe's sizes are fixed;
+a job agrees on K by taking the largest any process chose, `agree`).
 """
 
 from collections.abc import Iterable
@@ -61,19 +65,47 @@ def max_steps_for(examples_per_step: int) -> int:
   return min(MAX_STEPS, 1 << (fitting.bit_length() - 1))
 
 
-def fit_host_and_step(timings: Iterable[tuple[int, float]]) -> tuple[float, float]:
-  """(h, t) of blocks of n steps taking about h + n t seconds, from timed (n, seconds) pairs of at least two sizes:
-  the fastest time at each size (noise only adds: a busy moment, a first run's page faults), the line through the
-  smallest and the largest size."""
+def _by_size(timings: Iterable[tuple[int, float]]) -> dict[int, list[float]]:
+  """The timed blocks' seconds by their steps, fastest first; at least two sizes."""
   by_size: dict[int, list[float]] = {}
   for n, seconds in timings:
     by_size.setdefault(n, []).append(seconds)
   if len(by_size) < 2:
     raise ValueError(f'blocks of at least two sizes are needed, got {sorted(by_size)}.')
+  return {n: sorted(seconds) for n, seconds in by_size.items()}
+
+
+def _line(by_size: dict[int, list[float]]) -> tuple[float, float]:
+  """(h, t), either may be below 0: the line through the fastest block of the fewest and of the most steps."""
   small, large = min(by_size), max(by_size)
-  small_s, large_s = min(by_size[small]), min(by_size[large])
-  step_s = max(0.0, (large_s - small_s) / (large - small))
-  return max(0.0, small_s - small * step_s), step_s
+  step_s = (by_size[large][0] - by_size[small][0]) / (large - small)
+  return by_size[small][0] - small * step_s, step_s
+
+
+def fit_host_and_step(timings: Iterable[tuple[int, float]]) -> tuple[float, float]:
+  """(h, t) of blocks of n steps taking about h + n t seconds, from timed (n, seconds) pairs of at least two sizes:
+  the fastest time at each size (noise only adds: a busy moment, a first run's page faults), the line through the
+  smallest and the largest size; neither below 0 (no step time: h is the fastest block of the fewest steps)."""
+  by_size = _by_size(timings)
+  host_s, step_s = _line(by_size)
+  if step_s <= 0:
+    return by_size[min(by_size)][0], 0.0
+  return max(0.0, host_s), step_s
+
+
+def host_upper_bound(timings: Iterable[tuple[int, float]]) -> float:
+  """How long the host's work per dispatch (h) may be, given the noise of the timed blocks: the fitted h plus how
+  far noise could have moved it, at most the fastest block of the fewest steps (it holds h and a step). Noise: what
+  the gap between the fastest and the second fastest block of each size moves the fit by, and the fit's own reach
+  below 0 (a host that does less than nothing is an error of at least that much). The timings are noisy (on a busy
+  2-core machine the blocks of one size spread by half their time): an h fitted near 0 from them is no sign that
+  the host does nothing, and K chosen from it would be 1."""
+  by_size = _by_size(timings)
+  small, large = min(by_size), max(by_size)
+  gap = {n: seconds[1] - seconds[0] if len(seconds) > 1 else 0.0 for n, seconds in by_size.items()}
+  host_s, _ = _line(by_size)  # h = (L s_S - S s_L) / (L - S): a gap at S moves it L / (L - S) of the gap.
+  moved = (large * gap[small] + small * gap[large]) / (large - small) + max(0.0, -host_s)
+  return min(by_size[small][0], max(0.0, host_s) + moved)
 
 
 def next_multiple(step: int, every: int | None) -> int | None:
@@ -97,8 +129,9 @@ class BlockPlan:
     self.steps_per_dispatch: int | None = None if self._auto else steps_per_dispatch
     self._blocks = 0  # Blocks planned so far.
     self._timings: list[tuple[int, float]] = []
-    self.host_s: float | None = None  # What 'auto' measured: the host's work per dispatch, and a step.
-    self.step_s: float | None = None
+    self.host_s: float | None = None  # What 'auto' measured: the host's work per dispatch, a step, and how long
+    self.step_s: float | None = None  # the host's work may be given the probe's noise (what K is chosen from).
+    self.host_bound_s: float | None = None
 
   @property
   def probing(self) -> bool:
@@ -145,20 +178,18 @@ class BlockPlan:
       self.steps_per_dispatch = max(PROBE)
       return
     self.host_s, self.step_s = fit_host_and_step(self._timings)
-    host_s = self.host_s
-    if host_s <= 0:  # The host never does nothing: noise (a slow long block) hid it. A block of the fewest steps
-      fewest = min(sizes)  # holds it: its time bounds it (a larger K).
-      host_s = min(s for n, s in self._timings if n == fewest)
-    self.steps_per_dispatch = choose_steps_per_dispatch(host_s, self.step_s, self.max_steps)
+    self.host_bound_s = host_upper_bound(self._timings)
+    self.steps_per_dispatch = choose_steps_per_dispatch(self.host_bound_s, self.step_s, self.max_steps)
 
   def agree(self, chosen_by_process: Iterable[int]) -> None:
     """The job's K: the largest any process chose (every process must dispatch the same blocks)."""
     self.steps_per_dispatch = max(chosen_by_process)
 
   def stats(self) -> dict[str, float | int | None]:
-    """steps_per_dispatch, and what 'auto' measured (dispatch_host_s, dispatch_step_s)."""
+    """steps_per_dispatch, and what 'auto' measured (dispatch_host_s, dispatch_step_s, dispatch_host_bound_s)."""
     return {
       'steps_per_dispatch': self.steps_per_dispatch,
       'dispatch_host_s': self.host_s,
       'dispatch_step_s': self.step_s,
+      'dispatch_host_bound_s': self.host_bound_s,
     }

@@ -339,7 +339,9 @@ class BlockDispatcher:
     probing, started = self.plan.probing, time.perf_counter()
     self.waited = probing
     block, placed = self.reader.take(step, steps)
-    if step + steps < self.plan.stop_step:  # The next block is read and placed while this one is dispatched and trains.
+    # The next block is read and placed while this one is dispatched and trains; not while 'auto' probes (a timed
+    # block's read is in its own time, and none beside it: `block_plan`).
+    if step + steps < self.plan.stop_step and self.plan.steps_per_dispatch is not None:
       ahead = self.plan.peek(step + steps, due_steps(step + steps))
       self.reader.prefetch(step + steps, min(self.reader.block_steps, ahead))
     steps_L = self._placed_counts.get(steps)

@@ -42,7 +42,12 @@ def test_auto_probes_then_picks_the_smallest_k_whose_dispatch_dwarfs_the_host():
   assert plan.host_s == pytest.approx(host_s) and plan.step_s == pytest.approx(step_s)
   # K step_s >= host_s / 0.05 = 40 step_s: the next power of two is 64.
   assert plan.steps_per_dispatch == 64 and plan.next_block(step) == 64
-  assert plan.stats() == {'steps_per_dispatch': 64, 'dispatch_host_s': plan.host_s, 'dispatch_step_s': plan.step_s}
+  assert plan.stats() == {
+    'steps_per_dispatch': 64,
+    'dispatch_host_s': plan.host_s,
+    'dispatch_step_s': plan.step_s,
+    'dispatch_host_bound_s': plan.host_s,  # Timings without noise: the bound is the fit.
+  }
 
 
 @pytest.mark.parametrize(
@@ -52,19 +57,38 @@ def test_choose_steps_per_dispatch(host_s, step_s, expected):
   assert block_plan.choose_steps_per_dispatch(host_s, step_s, max_steps=256) == expected
 
 
-def test_a_fit_that_reads_no_host_work_takes_the_one_step_blocks_time_as_its_bound():
-  """Noise in a long probe block (a round's work, a busy moment) can fit the host's work at 0 or less: it is never
-  nothing, and K=1 would pay a dispatch a step. The fastest one-step block holds it: its time bounds it."""
-  plan = block_plan.BlockPlan('auto', stop_step=10_000, max_steps=256)
-  step = 0
+def _choose(timings_s: dict[int, list[float]], max_steps: int = 256) -> block_plan.BlockPlan:
+  """A plan whose probe timed its blocks of n steps at `timings_s[n]`, in turn."""
+  plan = block_plan.BlockPlan('auto', stop_step=10_000, max_steps=max_steps)
+  step, left = 0, {n: list(seconds) for n, seconds in timings_s.items()}
   while plan.steps_per_dispatch is None:
     n = plan.next_block(step)
     if plan.probing:
-      plan.observe(n, 0.010 if n == 1 else 0.090)  # 8 steps at 11.4 ms a step past one at 10 ms: h < 0.
+      plan.observe(n, left[n].pop(0))
     step += n
-  assert plan.host_s == 0.0
-  # K step_s >= 0.010 / 0.05 with step_s = 0.080 / 7: 17.5 steps, so 32.
-  assert plan.steps_per_dispatch == 32
+  return plan
+
+
+def test_a_fit_below_no_host_work_counts_as_noise():
+  """Noise in a long probe block (a busy moment) can fit the host's work at 0 or less: it is never nothing, and K=1
+  would pay a dispatch a step. A fit that far below 0 is off by at least as much: its bound is that far above."""
+  plan = _choose({1: [0.010] * 3, 8: [0.090] * 3})  # 8 steps at 11.4 ms a step past one at 10 ms: h = -1.43 ms.
+  assert plan.host_s == 0.0 and plan.host_bound_s == pytest.approx(0.080 / 7 - 0.010)
+  # K step_s >= 1.43 ms / 0.05 with step_s = 11.4 ms: 2.5 steps, so 4.
+  assert plan.steps_per_dispatch == 4
+
+
+def test_noisy_probe_blocks_choose_k_from_the_hosts_upper_bound():
+  """A probe seen on a busy 2-core machine (Kaggle's config, 'auto' chose K=1 there): one fast one-step block among
+  slow ones fits h at 0.14 ms under a 4.66 ms step. The one-step blocks' spread (5.2 ms between the fastest two)
+  could move h by 8/7 of it: the bound is the fastest one-step block, 4.8 ms, and K t >= 4.8 / 0.05 ms wants 32."""
+  plan = _choose({1: [0.0048, 0.0100, 0.0110], 8: [0.03742, 0.0450, 0.0500]})
+  assert plan.host_s == pytest.approx(0.14e-3) and plan.step_s == pytest.approx(4.66e-3)
+  assert plan.host_bound_s == pytest.approx(0.0048) and plan.steps_per_dispatch == 32
+  # Quiet blocks (0.1 ms apart) leave the fit nearly as measured: 0.14 ms + 8/7 * 0.1 ms + 1/7 * 0.1 ms.
+  quiet = _choose({1: [0.0048, 0.0049, 0.0050], 8: [0.03742, 0.03752, 0.0376]})
+  assert quiet.host_bound_s == pytest.approx(0.14e-3 + 9 / 7 * 0.1e-3)
+  assert quiet.steps_per_dispatch == 2  # 0.27 ms / 0.05 = 5.4 ms: two steps of 4.66 ms.
 
 
 def test_probe_blocks_cut_to_one_size_keep_the_probe_length():
