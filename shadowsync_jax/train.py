@@ -391,8 +391,11 @@ class BlockDispatcher:
 
   def _compile_all_steps(self, state_L: Any) -> None:
     """Compiles the block program of all K steps (`replicas.make_replicated_block`'s `full`) now: full blocks run
-    it from now on. A program without one (a study's stand-in) keeps the one program."""
+    it from now on. Without `train.all_steps_program`, or a program without one (a study's stand-in), every block
+    runs the one program."""
     compile_all_steps = getattr(self._train_block, 'compile_all_steps', None)
+    if not self._config.train.all_steps_program:
+      compile_all_steps = None
     if compile_all_steps is not None:
       compile_all_steps(state_L, *self._block_of_no_step())
     self._all_steps_compiled = self.reader.block_steps if compile_all_steps is not None else 0

@@ -227,6 +227,7 @@ def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm
         sync__every_k_steps=10,
         sync__min_interval_s=0.0,
         train__steps_per_dispatch=steps_per_dispatch,
+        train__all_steps_program=True,
       ),
       tmp_path,
     )

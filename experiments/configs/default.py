@@ -29,6 +29,9 @@ def get_config(variant: str = ''):
     # A set K: 'auto''s probe and the compile of the K it chooses cost a run of a few hundred steps more than its
     # blocks save (a 2-process job took 10 s with 'auto', 6 s with 16). Tests of 'auto' ask for it.
     config.train.steps_per_dispatch = 16
+    # Its few hundred steps: the second block program, of all K steps, would cost more to compile than it saves
+    # (tests/test_train.py's 23 tests took 129 s with it, 94 s without). Tests of it ask for it.
+    config.train.all_steps_program = False
   elif variant:
     raise ValueError(f'unknown variant {variant!r} of experiments/configs/default.py; known: tiny')
   return config

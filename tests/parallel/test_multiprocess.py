@@ -87,7 +87,12 @@ def test_sync_sgd_across_two_processes_equals_one_process_and_resumes(tmp_path):
   """4 replicas as 2 processes x 2 are the same sync SGD run as 4 replicas in one process; stopped and resumed on
   the same process count, it still is. The resumed run checkpoints every so many seconds: the processes turn them
   into one interval in steps and save at the same steps."""
-  flags = ('--config.num_replicas=4', '--config.sync.algorithm=sync_sgd', '--config.data.num_train_examples=32768')
+  flags = (
+    '--config.num_replicas=4',
+    '--config.sync.algorithm=sync_sgd',
+    '--config.data.num_train_examples=32768',
+    '--config.train.all_steps_program=true',  # The program of all K steps on the job's mesh (the tiny config's off).
+  )
   code, output = _launch(tmp_path, *flags, '--config.train.checkpoint_every_steps=8', '--config.train.stop_at_step=12')
   assert code == 0, output
   assert not (tmp_path / 'summary.json').exists()
