@@ -83,7 +83,8 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
     '--config.recovery.mode=full',
     '--config.recovery.incremental=true',
     '--config.recovery.rebaseline_fraction=1000',
-    # Both at a checkpoint step, right after its save started: the kills land in the middle of an async write.
+    # Both at a checkpoint step, right after its save started: the kills land in the middle of an async write, or
+    # just after it ended (a race: then that save is restored, and nothing is trained again).
     launcher_flags=('--max_restarts=2', '--kill_at=1@48,0@96'),
   )
   assert code == 0, output[-4000:]
@@ -93,6 +94,7 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
   summary = json.loads((tmp_path / 'summary.json').read_text())
   assert summary['num_failures'] == 2 and summary['recovery']['num_restarts'] == 2, summary['recovery']
   assert [(f['process'], f['step']) for f in summary['recovery']['failures']] == [(1, 48), (0, 96)]
+  rewound = []  # Steps each restore went back past its kill.
   for generation, killed_at in ((1, 48), (2, 96)):
     starts = _starts(tmp_path, generation)
     # Both processes restore the newest complete checkpoint both have (a save cut short is none); the data rewinds.
@@ -101,10 +103,13 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
     assert cut % EVERY == 0 and killed_at - 2 * EVERY < cut <= killed_at, starts
     # No later plan can go back past the cut: each process keeps it alone (older ones once piled up on restarts).
     assert all(s['checkpoints_kept'] == [cut] for s in starts.values()), starts
-  assert summary['recovery']['retrained_steps'] > 0 and summary['actual_pls'] == 0.0
+    rewound.append(killed_at - cut)
+  retrained = summary['recovery']['retrained_steps']
+  assert retrained >= sum(rewound) and summary['actual_pls'] == 0.0, (retrained, rewound)
   # CPR's split: saves, restores and the rewound steps apart from the two restarts, each a share of the steps' time.
   costs = summary['recovery']['overhead_s']
-  assert costs['save_s'] > 0 and costs['restore_s'] > 0 and costs['retrained_s'] > 0 and costs['restart_s'] > 0
+  assert costs['save_s'] > 0 and costs['restore_s'] > 0 and costs['restart_s'] > 0
+  assert (costs['retrained_s'] > 0) == (retrained > 0)
   assert summary['recovery_checkpoint_overhead_pct'] == pytest.approx(
     100 * costs['checkpoint_s'] / costs['failure_free_s']
   )
