@@ -30,7 +30,7 @@ def get_config(variant: str = ''):
     # blocks save (a 2-process job took 10 s with 'auto', 6 s with 16). Tests of 'auto' ask for it.
     config.train.steps_per_dispatch = 16
     # Its few hundred steps: the second block program, of all K steps, would cost more to compile than it saves
-    # (tests/test_train.py's 23 tests took 129 s with it, 94 s without). Tests of it ask for it.
+    # (18 of tests/test_train.py's tests took 129 s with it, 94 s without). Tests of it ask for it.
     config.train.all_steps_program = False
   elif variant:
     raise ValueError(f'unknown variant {variant!r} of experiments/configs/default.py; known: tiny')
