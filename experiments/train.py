@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import sys
-import traceback
 
 from absl import app
 from absl import flags
@@ -110,13 +109,8 @@ def main(argv):
     exit_code = {config_lib.ConfigError: cli.USAGE_EXIT_CODE, real_failures.UnrecoverableError: UNRECOVERABLE}.get(
       type(error), 1
     )
-    if exit_code != 1:
-      print(f'{cli.ERROR_PREFIX}{error}', file=sys.stderr)
-    else:
-      traceback.print_exc()
-    sys.stderr.flush()
-    sys.stdout.flush()
-    distributed.fail(error, exit_code=exit_code)  # Names the peer that is gone, or tells the peers; exits either way.
+    explain = f'{cli.ERROR_PREFIX}{error}' if exit_code != 1 else None  # 1: its traceback, unless a peer died.
+    distributed.fail(error, exit_code=exit_code, explain=explain)  # Names the peer that is gone, or tells the peers.
   distributed.finish()
   if FLAGS.process_id != 0:  # Process 0 prints the results (and wrote summary.json).
     return

@@ -29,8 +29,10 @@ from collections.abc import Callable
 import json
 import os
 import signal
+import sys
 import threading
 import time
+import traceback
 from typing import Any, NoReturn
 
 import jax
@@ -219,24 +221,37 @@ def exit_peer_lost(message: str) -> NoReturn:
   os._exit(PEER_LOST_EXIT_CODE)  # pylint: disable=protected-access
 
 
-def fail(error: BaseException, exit_code: int = 1) -> NoReturn:
+def fail(error: BaseException, exit_code: int = 1, explain: str | None = None) -> NoReturn:
   """Ends this process after `error` with `exit_code`, blaming the right process.
 
   An error from the transport (a collective whose partner vanished) is most likely a peer's death: the watchdog
-  gets `peer_timeout_s` to name that peer (and ends the process itself). Any other error is this process's own:
-  the peers are told at once, and stop naming it. Exits without waiting for the peers, as a normal exit would.
+  gets `peer_timeout_s` to name that peer (and ends the process itself); the error's traceback is printed only if
+  no peer was lost by then (a peer's death is a line, not a crash of this process). Any other error is this
+  process's own: `explain` (one line) or its traceback is printed, the peers are told at once, and stop naming it.
+  Exits without waiting for the peers, as a normal exit would.
   """
+  if _watchdog is not None and looks_like_a_lost_peer(error):
+    first_line = str(error).splitlines()[0] if str(error) else ''
+    os.write(
+      2,
+      f'\nshadowsync: process {_watchdog.process_id}: a collective failed ({type(error).__name__}: '
+      f'{first_line[:300]}); waiting up to {_watchdog.timeout_s:g} s to learn whether a peer is gone.\n'.encode(),
+    )
+    _watchdog.loop_handles_loss = False
+    _watchdog.wait_for_a_lost_peer()
+  _print_own_error(error, explain)
   if _watchdog is not None:
-    if looks_like_a_lost_peer(error):
-      os.write(
-        2,
-        f'\nshadowsync: process {_watchdog.process_id}: a collective failed; waiting up to '
-        f'{_watchdog.timeout_s:g} s to learn whether a peer is gone.\n'.encode(),
-      )
-      _watchdog.loop_handles_loss = False
-      _watchdog.wait_for_a_lost_peer()
     _watchdog.report_failure(f'{type(error).__name__}: {error}')
   os._exit(exit_code)  # pylint: disable=protected-access
+
+
+def _print_own_error(error: BaseException, explain: str | None) -> None:
+  if explain is not None:
+    print(explain, file=sys.stderr)
+  else:
+    traceback.print_exception(error)
+  sys.stderr.flush()
+  sys.stdout.flush()
 
 
 def looks_like_a_lost_peer(error: BaseException) -> bool:

@@ -1,6 +1,11 @@
 """How long the peer watchdog leaves a training loop to reach its boundary once a peer is lost (no process started:
 the watchdog's bookkeeping alone)."""
 
+import os
+import pathlib
+import subprocess
+import sys
+
 from shadowsync_jax.parallel import distributed
 
 
@@ -57,3 +62,58 @@ def test_with_collective_blocks_the_grace_is_the_short_one_and_at_most_a_step():
   assert abs(watchdog.grace_s() - (0.05 + low)) < 1e-9
   watchdog._lost_at = watchdog._block_due + 5  # pylint: disable=protected-access  (lost long after it was due)
   assert watchdog.grace_s() == low
+
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+_FAIL_SCRIPT = """
+import os, sys
+from shadowsync_jax.parallel import distributed
+
+class Watchdog:  # The watchdog's side of `fail`: a peer found lost (it ends the process) or none.
+  process_id, timeout_s, loop_handles_loss = 0, 0.1, True
+  def wait_for_a_lost_peer(self):
+    if sys.argv[1] == 'peer_lost':
+      os.write(2, b'watchdog: process 1 is gone\\n')
+      os._exit(75)
+  def report_failure(self, text):
+    print('reported:', text, file=sys.stderr)
+
+distributed._watchdog = Watchdog()
+try:
+  raise RuntimeError(sys.argv[2])
+except RuntimeError as error:
+  distributed.fail(error, explain=sys.argv[3] or None)
+"""
+
+
+def _fail(tmp_path, peer: str, message: str, explain: str = ''):
+  script = tmp_path / 'fail.py'
+  script.write_text(_FAIL_SCRIPT)
+  return subprocess.run(
+    [sys.executable, str(script), peer, message, explain],
+    env={**os.environ, 'PYTHONPATH': str(REPO)},
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
+
+
+def test_a_collective_that_failed_because_a_peer_died_is_a_line_not_a_traceback(tmp_path):
+  """The shadow thread's all-reduce fails first when a peer is killed (CI saw it): the process names it in a line
+  and waits for the watchdog, which names the peer; no traceback of this process's own."""
+  result = _fail(tmp_path, 'peer_lost', 'Gloo all-reduce failed: Connection closed by peer [127.0.0.1]:18143')
+  assert result.returncode == 75, result.stderr
+  assert 'a collective failed (RuntimeError: Gloo all-reduce failed' in result.stderr, result.stderr
+  assert 'process 1 is gone' in result.stderr and 'Traceback' not in result.stderr, result.stderr
+
+
+def test_a_failure_no_peer_explains_is_this_processs_own_traceback_and_is_reported(tmp_path):
+  result = _fail(tmp_path, 'no_peer_lost', 'Gloo all-reduce failed: Connection reset')
+  assert result.returncode == 1, result.stderr
+  assert result.stderr.index('a collective failed') < result.stderr.index('Traceback'), result.stderr
+  assert 'reported: RuntimeError: Gloo all-reduce failed' in result.stderr, result.stderr
+  own = _fail(tmp_path, 'no_peer_lost', 'a bug of this process')
+  assert own.returncode == 1 and 'Traceback' in own.stderr and 'a collective failed' not in own.stderr, own.stderr
+  explained = _fail(tmp_path, 'no_peer_lost', 'checkpoint gone', 'shadowsync: error: checkpoint gone')
+  assert 'shadowsync: error: checkpoint gone' in explained.stderr and 'Traceback' not in explained.stderr
