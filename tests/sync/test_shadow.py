@@ -607,3 +607,22 @@ def test_a_boundary_comes_within_a_quarter_of_the_pace():
   fast = _driver('ma', 2, min_interval_s=0.0)  # Rounds as fast as they go: a boundary every step.
   fast._pacer.observe_steps(0.05, 50, in_round=False)
   assert fast.next_due(100) == 101
+
+
+def test_an_auto_pace_not_measured_yet_asks_for_no_boundary():
+  """'auto' before a round was measured (the first rounds waiting for a peer still compiling): its interval reads 0,
+  which is no pace to cut blocks for (cut to every step, a 2 x 4 job ran seconds one step a dispatch); once a round
+  is measured, a boundary every quarter of the pace."""
+  driver = _driver('ma', 2, min_interval_s='auto', first_round_after=30)
+  driver._pacer.observe_steps(0.05, 50, in_round=False)  # 1 ms steps, no round.
+  assert driver._pacer.interval_s() == 0.0
+  assert driver.next_due(10) == 30  # Never before the first step that may hand over a snapshot.
+  assert driver.next_due(100) is None
+  driver._pacer.observe_round(0.01)  # The warm-up round: left out of the pace; the steps after it are timed anew.
+  assert driver.next_due(100) == 100 + pacing.MIN_STEPS_MEASURED
+  driver._pacer.observe_steps(0.02, 10, in_round=True)  # A round that cost 10 ms over 10 steps.
+  driver._pacer.observe_steps(0.05, 50, in_round=False)
+  driver._pacer.observe_round(0.01)
+  driver._interval_s = driver._pacer.interval_s()  # What `at_boundary` sets.
+  assert driver._interval_s > 0
+  assert driver.next_due(100) == 100 + max(1, int(shadow_sync.FRESHNESS * driver._interval_s / 0.001))
