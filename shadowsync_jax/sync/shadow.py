@@ -33,8 +33,10 @@ meanwhile as the round's: its measured cost grew and with it its pace, and the r
 through the coordination service, not a collective, and comes before the snapshot is asked for: a process that
 waits there for a late peer has handed nothing over and its devices train meanwhile, timed as between rounds. (As a
 collective it held the process's devices while it waited, and the blocks queued behind it: seconds of training lost
-a round, which the pace did not see as the round's.) The first round waits for the process's training to be under
-way, so that no round's collective waits for a peer's compile. Checkpoints need no pause: every process saves its
+a round, which the pace did not see as the round's.) For the same reason the round's collective is dispatched only
+once every process has its snapshot (a second meeting through the service): dispatched at once, it held a process's
+devices until its peer's next boundary, a block later or a straggler's slow step after. The first round waits for
+the process's training to be under way, so that no round's collective waits for a peer's compile. Checkpoints need no pause: every process saves its
 own part, with no collective (`recovery.checkpointing`).
 """
 
@@ -77,6 +79,17 @@ def _round_agreement(meshes: replicas.ReplicaMeshes):
   return agree
 
 
+def _handover_rendezvous(meshes: replicas.ReplicaMeshes):
+  """`all_handed_over(stopped) -> bool`: returns once every process has its round's snapshot (False if `stopped()`
+  became true first), through the coordination service. The round's collective runs on the devices the training
+  blocks run on: dispatched before a peer had its snapshot, it held this process's devices, and every block queued
+  behind it, until the peer's next boundary (a block later, or a straggler's slow step)."""
+  if meshes.job is meshes.local:
+    return lambda stopped=None: True
+  agreement = distributed.Agreement('shadow_handovers')
+  return lambda stopped: agreement(True, stopped) is not None
+
+
 class ShadowSync:
   """`shadow_*`: one background thread loops rounds, no faster than one per `min_interval_s` (seconds, or 'auto':
   paced to cost at most `max_overhead` of the trainers' throughput)."""
@@ -106,6 +119,7 @@ class ShadowSync:
     self._merge_lags: list[int] = []  # Steps trained between a round's snapshot and its merge.
     self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job)
     self._agree = _round_agreement(meshes)
+    self._all_handed_over = _handover_rendezvous(meshes)
     self._job_interval_s: float | None = None  # The longest pace of the processes, agreed at the last round.
     self._sync_state_R = None  # That of the last merged round; the thread runs ahead on its own copy.
     self._snapshot_wanted = threading.Event()
@@ -306,7 +320,7 @@ class ShadowSync:
         all_done, self._job_interval_s = agreed
         round_start = time.monotonic()  # The same moment on every process: they all leave the agreement together.
         snapshot_L = self._next_snapshot()
-        if snapshot_L is None:
+        if snapshot_L is None or not self._all_handed_over(self._stop.is_set):
           return
         started = time.perf_counter()
         synced_R, sync_state_R = self._sync_R(replicas.to_job(snapshot_L, self._meshes), sync_state_R)
