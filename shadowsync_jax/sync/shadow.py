@@ -36,8 +36,8 @@ collective it held the process's devices while it waited, and the blocks queued 
 a round, which the pace did not see as the round's.) For the same reason the round's collective is dispatched only
 once every process has its snapshot (a second meeting through the service): dispatched at once, it held a process's
 devices until its peer's next boundary, a block later or a straggler's slow step after. The first round waits for
-the process's training to be under way, so that no round's collective waits for a peer's compile. Checkpoints need no pause: every process saves its
-own part, with no collective (`recovery.checkpointing`).
+the process's training to be under way, so that no round's collective waits for a peer's compile. Checkpoints
+need no pause: every process saves its own part, with no collective (`recovery.checkpointing`).
 """
 
 from collections.abc import Callable
