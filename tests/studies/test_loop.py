@@ -17,8 +17,9 @@ def test_the_loop_the_step_alone_and_the_no_work_loop_are_timed_and_tabled(tmp_p
   )
   (run,) = results['tiny']['runs']
   assert run['steps_per_dispatch'] >= 1 and run['eval_ne'] < 1.0
-  # A loop around a block that trains nothing feeds more than the loop that trains; neither is free.
-  assert 0 < run['loop_examples_per_sec'] < run['no_work_examples_per_sec']
+  # Both timed. Not which is faster (the benchmark's question): at the tiny config's step of about a millisecond
+  # both run at the host's pace, and the no-work loop once read 99,391 examples/s against the loop's 106,111.
+  assert run['loop_examples_per_sec'] > 0 and run['no_work_examples_per_sec'] > 0
   assert run['loop_share'] == run['loop_examples_per_sec'] / run['step_alone_examples_per_sec'] > 0
   assert run['in_memory_share'] > 0
   assert results['tiny']['loop_share_range'] == [run['loop_share']] * 2
