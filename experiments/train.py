@@ -15,6 +15,11 @@ A config the schema refuses (an unknown key, a bad value, a replica count that d
 prints one line, `error: ...`, and exits with status 2 (`shadowsync_jax.cli`).
 """
 
+# ruff: noqa: E402  (the imports follow the start's timestamp)
+import time
+
+_STARTED_AT = time.time()  # Before the imports: this interpreter's start, whatever a wrapping shell did before it.
+
 import faulthandler
 import json
 import os
@@ -98,7 +103,7 @@ def main(argv):
       start_service=FLAGS.start_coordinator,
     )
   try:
-    summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir, started_at=_STARTED_AT)
   except BaseException as error:  # pylint: disable=broad-except
     if FLAGS.num_processes == 1 and type(error) is real_failures.UnrecoverableError:
       print(f'{cli.ERROR_PREFIX}{error}', file=sys.stderr)  # A checkpoint gone or of another run: one line.

@@ -406,8 +406,14 @@ class BlockDispatcher:
     return replicas.shard((nothing, np.zeros(self._num_local, np.int32)), self._meshes.local)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
+def train_and_evaluate(
+  config: ml_collections.ConfigDict, workdir: str | pathlib.Path, started_at: float | None = None
+) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming if it holds a checkpoint); returns the summary written to summary.json.
+
+  `started_at` (`time.time()`): when the caller's program started, from which the summary's `startup_s` counts;
+  default: the process's creation (a shell that `exec`s the binary after work of its own created it, so a binary
+  notes its own start).
 
   When `config.train.stop_at_step` stops the run early, returns {'stopped_at_step': step} and writes no summary.
   """
@@ -465,7 +471,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         jax.block_until_ready(metrics)
       if first:  # Examples/sec counts from the end of the first block (one step).
         timed_start = time.perf_counter()
-        startup_s = time.time() - psutil.Process().create_time()  # From the process's start: imports, init, compile.
+        started = psutil.Process().create_time() if started_at is None else started_at
+        startup_s = time.time() - started  # From the program's start: imports, init, compile.
       else:
         timed_steps += steps
       delay.after_block(metrics, steps)
