@@ -2,7 +2,8 @@
 compilation cache for the whole session, so that a program compiled once (the tiny model's step, init, rounds,
 evaluation) is loaded, not compiled again, by the next test, job process or notebook that builds it (they inherit
 `JAX_COMPILATION_CACHE_DIR`; `experiments.train` and `benchmarks.sweep` take it over their workdir's cache). The
-cache starts empty every session and is removed at its end."""
+cache starts empty every session and is removed at its end. pytest's process makes it before it starts its workers
+(pytest-xdist, `pytest.ini`), and they inherit it too: one cache for the workers and every process they start."""
 
 import atexit
 import os
@@ -11,8 +12,11 @@ import tempfile
 
 import jax
 
-_CACHE_DIR = tempfile.mkdtemp(prefix='shadowsync_tests_jax_cache_')
-atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+if os.environ.get('PYTEST_XDIST_WORKER'):  # A worker: the cache of the pytest process that started it.
+  _CACHE_DIR = os.environ['JAX_COMPILATION_CACHE_DIR']
+else:
+  _CACHE_DIR = tempfile.mkdtemp(prefix='shadowsync_tests_jax_cache_')
+  atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 _CACHE_SETTINGS = {
   'jax_compilation_cache_dir': _CACHE_DIR,
   'jax_persistent_cache_min_compile_time_secs': 0,  # Every program, however fast it compiles.

@@ -11,9 +11,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from shadowsync_jax.parallel import launcher
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.xdist_group('jobs')  # Jobs of real processes run one at a time (tests/conftest.py).
 
 _PROCESS = """
 import sys, threading, time
