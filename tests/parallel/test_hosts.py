@@ -25,7 +25,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 UNAVAILABLE = netns.unavailable_reason()
 pytestmark = [
   pytest.mark.skipif(UNAVAILABLE is not None, reason=f'no emulated hosts here: {UNAVAILABLE}'),
-  pytest.mark.xdist_group('jobs'),  # Jobs of real processes run one at a time (tests/conftest.py).
+  pytest.mark.xdist_group('jobs'),  # Jobs of real processes run one at a time (pytest.ini).
 ]
 JOB_TIMEOUT_S = 300  # Only reached when something hangs.
 SYNC_SGD = (

@@ -19,7 +19,7 @@ from experiments.configs import default
 from shadowsync_jax import train
 from shadowsync_jax.parallel import history
 
-pytestmark = pytest.mark.xdist_group('jobs')  # Jobs of real processes run one at a time (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group('jobs')  # Jobs of real processes run one at a time (pytest.ini).
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 300  # Only reached when something hangs.

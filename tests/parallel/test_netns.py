@@ -20,7 +20,7 @@ from shadowsync_jax.parallel import netns
 REPO = pathlib.Path(__file__).resolve().parents[2]
 UNAVAILABLE = netns.unavailable_reason()
 needs_hosts = pytest.mark.skipif(UNAVAILABLE is not None, reason=f'no emulated hosts here: {UNAVAILABLE}')
-pytestmark = pytest.mark.xdist_group('jobs')  # Jobs of real processes run one at a time (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group('jobs')  # Jobs of real processes run one at a time (pytest.ini).
 PORT = 5000  # Every host has a network stack of its own: any port is free there.
 DEADLINE_S = 20.0  # Only reached when something is broken.
 

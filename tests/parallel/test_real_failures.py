@@ -18,7 +18,7 @@ import pytest
 from shadowsync_jax.parallel import history
 from shadowsync_jax.recovery import real
 
-pytestmark = pytest.mark.xdist_group('jobs')  # Jobs of real processes run one at a time (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group('jobs')  # Jobs of real processes run one at a time (pytest.ini).
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 600  # Only reached when something hangs.

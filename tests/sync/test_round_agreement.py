@@ -16,7 +16,7 @@ import pytest
 from shadowsync_jax.parallel import launcher
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.xdist_group('jobs')  # Jobs of real processes run one at a time (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group('jobs')  # Jobs of real processes run one at a time (pytest.ini).
 
 _PROCESS = """
 import sys, threading, time
