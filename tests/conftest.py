@@ -12,8 +12,8 @@ import tempfile
 
 import jax
 
-if os.environ.get('PYTEST_XDIST_WORKER'):  # A worker: the cache of the pytest process that started it.
-  _CACHE_DIR = os.environ['JAX_COMPILATION_CACHE_DIR']
+if os.environ.get('PYTEST_XDIST_WORKER') and os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+  _CACHE_DIR = os.environ['JAX_COMPILATION_CACHE_DIR']  # A worker: the cache of the pytest process that started it.
 else:
   _CACHE_DIR = tempfile.mkdtemp(prefix='shadowsync_tests_jax_cache_')
   atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
