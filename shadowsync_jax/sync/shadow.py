@@ -85,7 +85,7 @@ def _handover_rendezvous(meshes: replicas.ReplicaMeshes):
   blocks run on: dispatched before a peer had its snapshot, it held this process's devices, and every block queued
   behind it, until the peer's next boundary (a block later, or a straggler's slow step)."""
   if meshes.job is meshes.local:
-    return lambda stopped=None: True
+    return lambda stopped: True
   agreement = distributed.Agreement('shadow_handovers')
   return lambda stopped: agreement(True, stopped) is not None
 
