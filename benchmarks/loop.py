@@ -50,7 +50,8 @@ _PREPARED_DIR = flags.DEFINE_string(
 _JOB = flags.DEFINE_bool(
   'job',
   True,
-  'Also time 8 replicas as 2 processes x 4 devices on the default config, with shadow_ma and none ((a), (b)).',
+  'Also time 8 replicas as 2 processes x 4 devices on the default config, with none and each shadow algorithm '
+  '((a), (b)).',
 )
 _JOB_EXAMPLES = flags.DEFINE_integer('job_examples', 2_000_000, "Training examples of the job's runs.")
 _PROCESS_STEP_ALONE = flags.DEFINE_integer(

@@ -27,8 +27,8 @@ flags.DEFINE_string('min_interval_s', None, "sync.min_interval_s: seconds, or 'a
 flags.DEFINE_string(
   'steps_per_dispatch',
   None,
-  "train.steps_per_dispatch of every run: an integer K, or 'auto'; unset: the default ('auto': one step a dispatch "
-  'for shadow_ea and shadow_bmuf). A K here is run by the shadow algorithms too.',
+  "train.steps_per_dispatch of every run: an integer K, or 'auto'; unset: the default ('auto', K chosen by each "
+  'run). A K here is run by the shadow algorithms too.',
 )
 flags.DEFINE_string('what', 'all', "What a round syncs: 'all' or 'dense'.")
 flags.DEFINE_string('embedding_placement', 'replicated', "'replicated' or 'shared'.")

@@ -4,7 +4,7 @@
   config.num_replicas = 8                    # experiments/configs/*.py override it
   config = config_lib.resolve(config, num_processes=jax.process_count())   # num_replicas=0: one per process
   config_lib.validate(config, num_devices=len(jax.devices()))   # ConfigError naming the key, or None
-  config_lib.steps_per_dispatch(config)      # what a setting means: the K (or 'auto') the loop runs; auto_placement
+  config_lib.auto_placement(config)          # what a setting means: the placement 'auto' picks
 
 Experiment configs (`experiments/configs/*.py`) start from `base_config()` and change values, so every config has
 every key (docs/design.md §9) and a typo in a config file or a `--config.KEY=VALUE` override is caught here, by name.
@@ -39,15 +39,7 @@ SYNC_ALGORITHMS = (
   'async_sgd',
 )
 PARAMETER_SERVER_ALGORITHMS = ('gba', 'async_sgd')  # One server model (the gba package).
-SHADOW_ALGORITHMS = ('shadow_ma', 'shadow_ea', 'shadow_bmuf')  # Rounds in a background thread (sync.shadow).
-# Shadow algorithms that keep one step a dispatch under 'auto' (with replicated tables). A round runs on the devices
-# the blocks run on, so it waits for the block in flight and is merged at a boundary: under blocks rounds come 3-4
-# blocks apart (30-65 steps at the default config's 8 replicas, 10-14 at one step a dispatch) and land a block or
-# two after their snapshot (`mean_merge_lag_steps`; 2 steps at one step a dispatch). Model averaging keeps its NE
-# and gains the blocks' throughput; elastic averaging loses what the wider gap costs its foreground version, and
-# BMUF far more: its block momentum (a gain of 8 at 8 replicas) acts a round before the last round's jump shows in
-# the replicas' progress, and it can diverge (docs/studies/sync.md, benchmarks/results/sync_study_k16.md).
-ONE_STEP_A_DISPATCH_UNDER_AUTO = ('shadow_ea', 'shadow_bmuf')
+SHADOW_ALGORITHMS = ('shadow_ma', 'shadow_ea', 'shadow_bmuf')  # Rounds off the training path (docs/design.md §3).
 SYNCED_PARAMS = ('dense', 'all')
 EMBEDDING_PLACEMENTS = (*table_placement.PLACEMENTS, 'auto')
 # 'auto' shards tables of more bytes than this (one copy of all 26) when there are several replicas.
@@ -329,15 +321,6 @@ def auto_placement(config: ml_collections.ConfigDict) -> str:
   except (TypeError, ValueError):
     return 'replicated'  # Validation names the bad value.
   return 'sharded' if table_bytes > AUTO_SHARDED_TABLE_BYTES and config.num_replicas > 1 else 'replicated'
-
-
-def steps_per_dispatch(config: ml_collections.ConfigDict) -> int | str:
-  """`train.steps_per_dispatch`, but 'auto' is 1 for `ONE_STEP_A_DISPATCH_UNDER_AUTO` (without sharded tables). A
-  K the config names is run (what the study of that trade sets). `gba` and `async_sgd` have loops of their own, one
-  step a dispatch (a worker pulls after every push)."""
-  one_step = config.sync.algorithm in ONE_STEP_A_DISPATCH_UNDER_AUTO and config.sync.embedding_placement != 'sharded'
-  per_dispatch = config.train.steps_per_dispatch
-  return 1 if one_step and per_dispatch == 'auto' else per_dispatch
 
 
 def _data_found(data: ml_collections.ConfigDict) -> bool:

@@ -119,12 +119,13 @@ def make_train_step(config: ml_collections.ConfigDict, meshes: replicas.ReplicaM
   return _on_meshes(replicas.make_replicated_step, config, meshes)
 
 
-def make_train_block(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes):
+def make_train_block(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes, between=None):
   """`train_block(state_L, block_L, steps_L) -> (state_L, metrics_LxK)`: the first `steps` of a block's K batches
   ([L, K, B, ...], `input_pipeline.read_block`), trained one after the other in one dispatch
   (`replicas.make_replicated_block`); `steps_L` is [L] int32 of one value, `replicas.shard`ed like the block. The
-  step is `make_train_step`'s, collectives and all."""
-  return _on_meshes(replicas.make_replicated_block, config, meshes)
+  step is `make_train_step`'s, collectives and all. With `between` (a sync driver's rounds fused into the block,
+  `SyncDriver.between_steps`) the block takes and returns its carry as well."""
+  return _on_meshes(functools.partial(replicas.make_replicated_block, between=between), config, meshes)
 
 
 def _on_meshes(replicated, config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes):
@@ -288,12 +289,15 @@ class BlockDispatcher:
     source,
     stop_step: int,
     delay: straggler.Straggler | None = None,
+    between=None,
   ):
+    """`between`: a sync driver's rounds fused into the blocks (`SyncDriver.between_steps`); each `dispatch` is then
+    given the driver (`rounds`) for the blocks' carry."""
     self._config, self._meshes, self._delay = config, meshes, delay
     self._num_local = meshes.local.shape[replicas.REPLICA_AXIS]
     first = jax.process_index() * self._num_local
     max_steps = block_plan.max_steps_for(self._num_local * config.batch_size)
-    self.plan = block_plan.BlockPlan(config_lib.steps_per_dispatch(config), stop_step, max_steps)
+    self.plan = block_plan.BlockPlan(config.train.steps_per_dispatch, stop_step, max_steps)
     local_replicas = range(first, first + self._num_local)
     if generates_on_device(config) and isinstance(getattr(source, 'source', None), synthetic.SyntheticSource):
       generator = synthetic_device.DeviceGenerator(source.source)
@@ -318,7 +322,9 @@ class BlockDispatcher:
         processes=config.data.reader_processes,
         place=lambda block: replicas.shard(block, meshes.local),
       )
-    self._train_block = make_train_block(config, meshes)
+    self._train_block = make_train_block(config, meshes, between)
+    self._fused = between is not None
+    self._rounds: Any = None  # The driver of the fused rounds, as the last `dispatch` was given it.
     self._in_flight = None
     self._placed_counts: dict[int, Any] = {}  # Steps of a block -> that count on each local device (never donated).
     self._collective = _steps_are_collective(config)  # A block that needs every peer: the watchdog is told of it.
@@ -327,12 +333,14 @@ class BlockDispatcher:
     self.waited = False  # The last dispatch waited for its own block ('auto' timing it): no block is in flight.
 
   def dispatch(
-    self, state_L: Any, step: int, due_steps: Callable[[int], list[int | None]]
+    self, state_L: Any, step: int, due_steps: Callable[[int], list[int | None]], rounds: Any = None
   ) -> tuple[Any, dict, batch_lib.Batch, int]:
     """(state, metrics, block, steps): the next block from `step`, cut at `due_steps(step)` (the steps where hooks
     act next, seen from a step), dispatched; the block before it done. The block after it is read meanwhile, as
     long as `due_steps` of its first step says it will be: blocks cut short by events every few steps read no
-    more than they train (a CPR run's priority saves every 7 steps had K=64 steps of data read for each)."""
+    more than they train (a CPR run's priority saves every 7 steps had K=64 steps of data read for each). `rounds`:
+    the sync driver whose rounds the blocks fuse (`block_carry`, `after_block`), where `between` was given."""
+    self._rounds = rounds
     steps = self.plan.next_block(step, due_steps(step))
     if self._delay is not None:  # A straggler's sleep, before its block: a peer's same block waits for it.
       self._delay.before_block(steps)
@@ -350,7 +358,7 @@ class BlockDispatcher:
         np.full(self._num_local, steps, np.int32), self._meshes.local
       )
     full = steps == self.reader.block_steps == self._all_steps_compiled  # All K: the program with a static count.
-    state_L, metrics = self._train_block(state_L, placed, steps_L, full=full)
+    state_L, metrics = self._run_block(state_L, step, steps, placed, steps_L, full)
     if self._collective:
       distributed.block_dispatched(steps)
     # One block in flight, no more (docs/design.md §3): the last one is done before this one's boundary, so a boundary's
@@ -383,7 +391,7 @@ class BlockDispatcher:
     started = time.perf_counter()
     if self.plan.steps_per_dispatch != self.reader.block_steps:  # Its programs, of K steps (full blocks: all K).
       self.reader.resize(self.plan.steps_per_dispatch)
-      state_L, metrics = self._train_block(state_L, *self._block_of_no_step())
+      state_L, metrics = self._run_block(state_L, None, 0, *self._block_of_no_step(), full=False)
       jax.block_until_ready((state_L, metrics))
     self._compile_all_steps(state_L)
     self.paused_s += time.perf_counter() - started
@@ -397,8 +405,19 @@ class BlockDispatcher:
     if not self._config.train.all_steps_program:
       compile_all_steps = None
     if compile_all_steps is not None:
-      compile_all_steps(state_L, *self._block_of_no_step())
+      carry = (self._rounds.block_carry(None, 0),) if self._fused else ()
+      compile_all_steps(state_L, *self._block_of_no_step(), *carry)
     self._all_steps_compiled = self.reader.block_steps if compile_all_steps is not None else 0
+
+  def _run_block(self, state_L: Any, step: int | None, steps: int, placed, steps_L, full: bool) -> tuple[Any, Any]:
+    """The block program on `placed`; with fused rounds, their carry from the driver and back to it (`step` None:
+    a block of no step, not in the run)."""
+    if not self._fused:
+      return self._train_block(state_L, placed, steps_L, full=full)
+    carry = self._rounds.block_carry(step, steps)
+    state_L, metrics, carry = self._train_block(state_L, placed, steps_L, carry, full=full)
+    self._rounds.after_block(carry)
+    return state_L, metrics
 
   def _block_of_no_step(self) -> tuple[Any, Any]:
     """(batches, steps) of a block of zeros that trains no step, placed: what compiles a block's programs."""
@@ -445,7 +464,7 @@ def train_and_evaluate(
   state, sync_state, start_step = recovery.resume(checkpointing.FreshState(fresh_state, meshes))
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
   delay = straggler.from_config(config, process_index)
-  blocks = BlockDispatcher(config, meshes, train_source, stop_step, delay)
+  blocks = BlockDispatcher(config, meshes, train_source, stop_step, delay, between=driver.between_steps())
   writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
   log = _MetricLog(writer, config, examples_per_step)
   progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
@@ -461,14 +480,17 @@ def train_and_evaluate(
   try:
     while step < stop_step:
       paused_before = blocks.paused_s
-      state, metrics, block, steps = blocks.dispatch(state, step, hooks_due)
+      state = driver.before_block(step, state)  # Rounds due here, on the params the next block starts from.
+      state, metrics, block, steps = blocks.dispatch(state, step, hooks_due, rounds=driver)
+      trained = step  # The block before this one is done (`dispatch` keeps one in flight).
       step += steps
       # Blocks the loop waits for before their boundary (none is left in flight): the first (it compiles), 'auto''s
-      # probes, a straggler's (stretched), and every block whose last step recovery reports as trained.
+      # probes, a straggler's (stretched), and one whose last step recovery must find trained (a kill there).
       first = timed_start is None
-      waited = first or blocks.waited or delay.waits_for_blocks or recovery.waits_for_blocks
+      waited = first or blocks.waited or delay.waits_for_blocks or recovery.waits_for(step)
       if waited:
         jax.block_until_ready(metrics)
+        trained = step
       if first:  # Examples/sec counts from the end of the first block (one step).
         timed_start = time.perf_counter()
         started = psutil.Process().create_time() if started_at is None else started_at
@@ -477,12 +499,12 @@ def train_and_evaluate(
         timed_steps += steps
       delay.after_block(metrics, steps)
       # Shadow paces time the blocks that ended since the last boundary, less a compile of 'auto''s K.
-      state = driver.at_boundary(step, state, steps, waited, blocks.paused_s - paused_before)
+      driver.at_boundary(step, state, steps, waited, blocks.paused_s - paused_before)
       loop_work_start = time.perf_counter()
       log.at_boundary(step, state, steps, metrics, driver)
       progress_line.update(step)
       # Checkpoints due here; failures (emulated), a lost peer (real: saves what survives and exits here).
-      state, driver, rewind_to = recovery.at_boundary(step, state, steps, block, driver)
+      state, driver, rewind_to = recovery.at_boundary(step, state, steps, block, driver, trained)
       driver.loop_work(time.perf_counter() - loop_work_start)  # A shadow pace leaves a block with a save out.
       if rewind_to is not None:  # Full recovery: the data restarts at the restored checkpoint.
         step = rewind_to

@@ -11,6 +11,7 @@ from shadowsync_jax import block_plan
 from shadowsync_jax import config as config_lib
 from shadowsync_jax import train
 from shadowsync_jax.parallel import memory
+from shadowsync_jax.sync import pacing
 
 SUMMARY_KEYS = (
   'eval_ne',
@@ -150,23 +151,16 @@ def test_incremental_checkpoints_resume_bit_for_bit(one_replica_run, tmp_path, o
   assert resumed['checkpoints']['incremental'] is True
 
 
-def test_auto_keeps_shadow_ea_and_bmuf_at_one_step_a_dispatch_and_runs_the_k_a_config_sets(tmp_path):
-  """'auto' is one step a dispatch for `shadow_ea` and `shadow_bmuf` (`config_lib.steps_per_dispatch`), not for
-  `shadow_ma` (blocks keep its quality) nor with sharded tables (their rounds are dispatched by the loop); a K the
-  config sets is run as it is, rounds and all."""
-  auto = {'train__steps_per_dispatch': 'auto'}  # The default's (the tiny config sets a K).
-  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_ea', **auto)) == 1
-  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_bmuf', **auto)) == 1
-  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='shadow_ma', **auto)) == 'auto'
-  assert config_lib.steps_per_dispatch(_tiny(sync__algorithm='none', **auto)) == 'auto'
-  sharded = _tiny(sync__algorithm='shadow_bmuf', sync__embedding_placement='sharded', **auto)
-  assert config_lib.steps_per_dispatch(sharded) == 'auto'
+@pytest.mark.parametrize('algorithm', ['shadow_ea', 'shadow_bmuf'])
+def test_every_shadow_algorithm_runs_the_blocks_auto_chooses(tmp_path, monkeypatch, algorithm):
+  """'auto' runs blocks of the K it chooses for every shadow algorithm (none is kept at one step a dispatch): their
+  rounds are fused into the blocks."""
+  monkeypatch.setattr(block_plan, 'choose_steps_per_dispatch', lambda *args, **kwargs: 8)
   summary = train.train_and_evaluate(
-    _tiny(num_replicas=2, sync__algorithm='shadow_ea', sync__min_interval_s=0.05, train__steps_per_dispatch=8),
-    tmp_path,
+    _tiny(num_replicas=2, sync__algorithm=algorithm, train__steps_per_dispatch='auto'), tmp_path
   )
-  assert summary['steps_per_dispatch'] == 8 and summary['sync_rounds'] >= 1
-  assert np.isfinite(summary['eval_ne'])
+  assert summary['steps_per_dispatch'] == 8 and summary['sync_rounds'] >= 1 and summary['mean_merge_lag_steps'] == 0
+  assert summary['eval_ne'] < 1.0
 
 
 @pytest.mark.parametrize(
@@ -195,16 +189,16 @@ def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm
 
   make_train_block = train.make_train_block
 
-  def counting_make_train_block(config, meshes):
-    train_block = make_train_block(config, meshes)
+  def counting_make_train_block(config, meshes, between=None):
+    train_block = make_train_block(config, meshes, between)
 
-    def counted(state, block, steps_L, full=False):
+    def counted(state, block, steps_L, *carry, full=False):
       steps = int(np.asarray(steps_L)[0])
       calls.append((len(compiles), steps))
       fulls.append(full)
       if steps == 0:
         compiling_calls.append(len(calls) - 1)
-      return train_block(state, block, steps_L, full=full)
+      return train_block(state, block, steps_L, *carry, full=full)
 
     def compile_all_steps(*args):  # Compiled ahead, with the K chosen, after the last call.
       compiling_calls.append(len(calls) - 1)
@@ -306,6 +300,41 @@ def test_blocks_of_any_size_train_the_same_model(tmp_path, overrides):
   assert two['consensus_fingerprint_per_process'] == auto['consensus_fingerprint_per_process']
   assert two['eval_ne'] == auto['eval_ne']
   assert one['eval_ne'] == pytest.approx(auto['eval_ne'], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+  'overrides',
+  [
+    {'sync__algorithm': 'none'},
+    {'sync__algorithm': 'sync_sgd'},
+    {'sync__algorithm': 'fr_bmuf', 'sync__every_k_steps': 6},
+    {'sync__algorithm': 'shadow_ea'},
+    {'sync__algorithm': 'shadow_bmuf'},
+  ],
+  ids=['none', 'sync_sgd', 'fr_bmuf', 'shadow_ea', 'shadow_bmuf'],
+)
+def test_full_blocks_of_the_all_steps_program_train_the_same_bits_whatever_k(tmp_path, monkeypatch, overrides):
+  """The default program (`train.all_steps_program`: full blocks run a loop of static length) at K = 4 and 8, every
+  block full but where a log step or the stop cuts one: the same bits. Shadow rounds fused into the blocks follow
+  a gap of their measured cost, here fixed at 3 steps (the gap alone is timing; where rounds fall given a gap is
+  not)."""
+  monkeypatch.setattr(pacing.GapPacer, 'gap_steps', lambda self: 3)
+  summaries = {}
+  for steps_per_dispatch in (4, 8):
+    config = _tiny(
+      num_replicas=2,
+      batch_size=32,
+      data__num_train_examples=4096,
+      train__log_every_steps=32,
+      train__all_steps_program=True,
+      train__steps_per_dispatch=steps_per_dispatch,
+      **overrides,
+    )
+    summaries[steps_per_dispatch] = train.train_and_evaluate(config, tmp_path / str(steps_per_dispatch))
+  four, eight = summaries[4], summaries[8]
+  assert four['train_steps'] == eight['train_steps'] == 64
+  assert four['consensus_fingerprint_per_process'] == eight['consensus_fingerprint_per_process']
+  assert four['eval_ne'] == eight['eval_ne'] and four['sync_rounds'] == eight['sync_rounds']
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@
   distributed.report(step, phase='train')      # progress the peers watch: a peer whose step stalls is hung
   values = distributed.exchange('plan', mine)  # every process's value, in process order (the key-value store)
   agree = distributed.Agreement('rounds')      # the same, again at every call (agree(value, stopped) -> values)
+  meet = distributed.VectorAgreement('sums')   # the same for float32 vectors (meet(vector, stopped) -> vectors)
   if distributed.peer_lost():                  # at a step boundary: save what survives, exit PEER_LOST
   distributed.fail(error)               # on an exception: ends this process, blaming it or a peer that is gone
   distributed.finish()                  # normal end: the peers stop watching this process; shuts the runtime down
@@ -36,6 +37,7 @@ import traceback
 from typing import Any, NoReturn
 
 import jax
+import numpy as np
 
 from shadowsync_jax.parallel import exit_codes
 from shadowsync_jax.parallel import network
@@ -188,6 +190,58 @@ class Agreement:
 
   def _key(self, call: int, process: int) -> str:
     return f'{_PREFIX}/agreement/{self._name}/{call}/{process}'
+
+
+class VectorAgreement:
+  """`Agreement` for float32 vectors (a shadow round's sums, `sync.shadow`): every process's vector at each call, in
+  process order, as bytes in chunks of at most `chunk_bytes` (the service's messages stay small). No collective: a
+  process that waits here for a late peer holds none of its devices, and its training goes on.
+
+    meet = distributed.VectorAgreement('shadow_sums')
+    vectors = meet(vector, stopped=event.is_set)   # None if `stopped()` became true while a peer was awaited
+  """
+
+  def __init__(self, name: str, chunk_bytes: int = 1 << 20):
+    self._name, self._chunk_bytes, self._calls = name, chunk_bytes, 0
+
+  def __call__(self, vector: np.ndarray, stopped: Callable[[], bool] = lambda: False) -> list[np.ndarray] | None:
+    vector = np.ascontiguousarray(vector, np.float32)
+    if _watchdog is None:
+      return [vector]
+    client, me, call = private_apis.distributed_client(), _watchdog.process_id, self._calls
+    data = vector.tobytes()
+    chunks = max(1, -(-len(data) // self._chunk_bytes))  # The same count on every process: vectors of one size.
+    for chunk in range(chunks):
+      client.key_value_set_bytes(
+        self._key(call, me, chunk), data[chunk * self._chunk_bytes : (chunk + 1) * self._chunk_bytes]
+      )
+    vectors = []
+    for process in range(_watchdog.num_processes):
+      pieces = []
+      for chunk in range(chunks):
+        while (got := _get_bytes_within(client, self._key(call, process, chunk), _AGREEMENT_POLL_MS)) is None:
+          if stopped():
+            return None
+        pieces.append(got)
+      vectors.append(np.frombuffer(b''.join(pieces), np.float32))
+    if call >= 2:  # Every peer has read call n - 2: it set its call n - 1 after reading it.
+      for chunk in range(chunks):
+        client.key_value_delete(self._key(call - 2, me, chunk))
+    self._calls += 1
+    return vectors
+
+  def _key(self, call: int, process: int, chunk: int) -> str:
+    return f'{_PREFIX}/vectors/{self._name}/{call}/{process}/{chunk}'
+
+
+def _get_bytes_within(client, key: str, timeout_ms: int) -> bytes | None:
+  """The bytes of `key`, or None if it was not set within `timeout_ms`."""
+  try:
+    return client.blocking_key_value_get_bytes(key, timeout_ms)
+  except Exception as error:  # pylint: disable=broad-except
+    if 'DEADLINE_EXCEEDED' in str(error):
+      return None
+    raise
 
 
 def _get_within(client, key: str, timeout_ms: int) -> str | None:

@@ -141,9 +141,18 @@ def make_replicated_step(
   return jax.jit(sharded, donate_argnums=0)
 
 
-def make_replicated_block(step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], mesh: Mesh) -> 'BlockProgram':
+def make_replicated_block(
+  step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
+  mesh: Mesh,
+  between: Callable[[jax.Array, PyTree, PyTree], tuple[PyTree, PyTree]] | None = None,
+) -> 'BlockProgram':
   """`block(state_R, batches_RxK, steps_R, full=False) -> (state_R, metrics_RxK)`: `steps` <= K steps of `step_fn`,
   one after the other on each device, in one dispatch (docs/design.md §13); the state donated.
+
+  With `between(k, state, carry) -> (state, carry)` (per device, after the block's step k, k from 0: a sync round
+  fused into the block, `sync.scheduled`), the block takes a carry and returns it (not donated: small, and its
+  parts may be reused): `block(state_R, batches_RxK, steps_R, carry_R, full=False) -> (state_R, metrics_RxK,
+  carry_R)`.
 
   Batches come [R, K, B, ...] (replica first, like every replicated array here, `shard` places them) and step k
   reads `batches[:, k]`; the metrics come back [R, K], those of steps past `steps` zero. `steps` is an int32 array
@@ -155,7 +164,7 @@ def make_replicated_block(step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTr
   tables) run in every step, so every device of the mesh must run the same number of steps.
   """
 
-  def per_device(state_1, batches_1xK, steps_1, full: bool):
+  def per_device(state_1, batches_1xK, steps_1, *carry_1, full: bool):
     batches_K = squeeze(batches_1xK)
     block_steps = jax.tree.leaves(batches_K)[0].shape[0]
     num_steps = block_steps if full else steps_1[0]
@@ -165,17 +174,26 @@ def make_replicated_block(step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTr
     zeros = lambda m: lax.pcast(jnp.zeros((block_steps, *m.shape), m.dtype), (REPLICA_AXIS,), to='varying')
     metrics_K = jax.tree.map(zeros, metrics_shape)  # Per device, as the steps' metrics are.
 
-    def one_step(k, carry):
-      state, metrics_K = carry
+    def one_step(k, loop_carry):
+      state, metrics_K, carry = loop_carry
       state, metrics = step_fn(state, batch_at(k))
-      return state, jax.tree.map(lambda all_, m: lax.dynamic_update_index_in_dim(all_, m, k, 0), metrics_K, metrics)
+      if between is not None:
+        state, carry = between(k, state, carry)
+      metrics_K = jax.tree.map(lambda all_, m: lax.dynamic_update_index_in_dim(all_, m, k, 0), metrics_K, metrics)
+      return state, metrics_K, carry
 
-    state, metrics_K = lax.fori_loop(0, num_steps, one_step, (state, metrics_K))
-    return unsqueeze(state), unsqueeze(metrics_K)
+    carry = squeeze(carry_1[0]) if carry_1 else None
+    state, metrics_K, carry = lax.fori_loop(0, num_steps, one_step, (state, metrics_K, carry))
+    if between is None:
+      return unsqueeze(state), unsqueeze(metrics_K)
+    return unsqueeze(state), unsqueeze(metrics_K), unsqueeze(carry)
 
   spec = P(REPLICA_AXIS)
+  arity = 3 if between is None else 4
   program = lambda full: jax.jit(
-    jax.shard_map(functools.partial(per_device, full=full), mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec)),
+    jax.shard_map(
+      functools.partial(per_device, full=full), mesh=mesh, in_specs=(spec,) * arity, out_specs=(spec,) * (arity - 1)
+    ),
     donate_argnums=0,
   )
   return BlockProgram(program(False), program(True))
@@ -184,26 +202,27 @@ def make_replicated_block(step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTr
 class BlockProgram(NamedTuple):
   """The two programs of a block (`make_replicated_block`): any number of steps, and all K of them. With
   `job_meshes` (steps that are collectives of the whole job) it takes and returns this process's replicas and runs
-  on the job's mesh (`to_job`, `to_local`)."""
+  on the job's mesh (`to_job`, `to_local`). Its arguments after the state: the batches, the steps, and the carry
+  of its `between` if it has one."""
 
-  any_steps: Callable[..., tuple[PyTree, PyTree]]
-  all_steps: Callable[..., tuple[PyTree, PyTree]]
+  any_steps: Callable[..., tuple[PyTree, ...]]
+  all_steps: Callable[..., tuple[PyTree, ...]]
   job_meshes: 'ReplicaMeshes | None' = None
 
-  def __call__(self, state: PyTree, batches_xK: PyTree, steps: jax.Array, full: bool = False):
-    state, metrics = (self.all_steps if full else self.any_steps)(*self._arguments(state, batches_xK, steps))
+  def __call__(self, state: PyTree, *args: PyTree, full: bool = False) -> tuple[PyTree, ...]:
+    outputs = (self.all_steps if full else self.any_steps)(*self._arguments(state, *args))
     if self.job_meshes is None:
-      return state, metrics
-    return to_local(state, self.job_meshes), to_local(metrics, self.job_meshes)
+      return outputs
+    return tuple(to_local(output, self.job_meshes) for output in outputs)
 
-  def compile_all_steps(self, state: PyTree, batches_xK: PyTree, steps: jax.Array) -> None:
+  def compile_all_steps(self, state: PyTree, *args: PyTree) -> None:
     """Compiles the all-K program for these arguments' shapes now, ahead of its first block (nothing runs)."""
-    self.all_steps.lower(*self._arguments(state, batches_xK, steps)).compile()
+    self.all_steps.lower(*self._arguments(state, *args)).compile()
 
-  def _arguments(self, state, batches_xK, steps) -> tuple:
+  def _arguments(self, state, *args) -> tuple:
     if self.job_meshes is None:
-      return state, batches_xK, steps
-    return to_job(state, self.job_meshes), *to_job((batches_xK, steps), self.job_meshes)
+      return state, *args
+    return to_job(state, self.job_meshes), *to_job(args, self.job_meshes)
 
 
 @jax.jit

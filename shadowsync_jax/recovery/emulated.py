@@ -4,10 +4,11 @@
   state_L, sync_state_R, start_step = recovery.resume(fresh)   # the newest checkpoint, if any (`FreshState`)
   recovery.start(start_step, state_L, sync_state_R)       # the initial checkpoint the first failures reload
   for block in ...:                                       # n steps a dispatch, ending where `next_due` says
+    state_L = driver.before_block(step, state_L)
     state_L, _ = train_block(state_L, block_L)
     step += n
-    state_L = driver.at_boundary(step, state_L, n)
-    state_L, driver, rewind_to = recovery.at_boundary(step, state_L, n, block, driver)
+    driver.at_boundary(step, state_L, n)
+    state_L, driver, rewind_to = recovery.at_boundary(step, state_L, n, block, driver)  # every block waited for
     if rewind_to is not None:                              # full recovery: the data goes back to the checkpoint
       step = rewind_to
     recovery.next_due(step)                                # the next failure, save or priority save
@@ -37,8 +38,8 @@ The sync state (EA center, BMUF global model) is the same on every replica and l
 with a shard: partial recovery leaves it as it is, which is what copying it from a live replica gives. A replica
 keeps its step counter (the data position, which does not rewind); with shared tables (one table updated by all
 replicas, an embedding parameter server) a replica failure loses its MLP only. Under a shadow driver the failed
-part changes at a step boundary in the training thread, as a merge does; a round in flight then merges
-`w += s' - s` into the restored params. Full recovery restarts the sync driver from the checkpoint's sync state.
+part changes at a step boundary in the training thread, as a merge does; a round in flight then merges its late
+part into the restored params. Full recovery restarts the sync driver from the checkpoint's sync state.
 
 Overhead (docs/design.md §7), measured in the training thread: time blocked on saves (the initial one included), steps
 trained again, restores (waiting for a save in flight, reading, placing, restarting the sync driver), and handing
@@ -63,7 +64,6 @@ import ml_collections
 import numpy as np
 
 from shadowsync_jax import block_plan
-from shadowsync_jax import config as config_lib
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
@@ -168,7 +168,7 @@ class EmulatedFailures:
     # Blocks not timed: the first (it compiles) and 'auto''s probe (blocks of 1 and 8 steps, each waited for, the
     # last one compiling the K chosen). Timed, they made the calibration's mean step several times a K-block's, and
     # full recovery's interval (Young's, from the save cost in steps) several times too short.
-    self._untimed_blocks = block_plan.blocks_until_chosen(config_lib.steps_per_dispatch(config))
+    self._untimed_blocks = block_plan.blocks_until_chosen(config.train.steps_per_dispatch)
     self._abstract: PyTree = None  # Of the training tree, set by `start`.
     self._checkpoint_bytes = self._rows_bytes = 0
     self._sync_restarts: list[dict[str, Any]] = []
@@ -217,7 +217,8 @@ class EmulatedFailures:
   # save, the next interval came out short, the mean step too low, the save cost in steps too high and Young's
   # interval too short, so saves came more often and hid more steps (full recovery at 21-30 steps, not 127-141,
   # and 0.41 ms a step against 3.7 in one run of benchmarks.recovery at 8600ece).
-  waits_for_blocks = True
+  def waits_for(self, step: int) -> bool:
+    return True
 
   def next_due(self, step: int) -> int | None:
     """The first step after `step` at whose boundary something is due: a failure (on the clock of steps executed),
@@ -230,7 +231,9 @@ class EmulatedFailures:
     dues += [_next_multiple(step, self._interval), _next_multiple(step, self._priority_interval())]
     return min((due for due in dues if due is not None), default=None)
 
-  def at_boundary(self, step: int, state_L: Any, steps: int, block: Batch, driver: Any) -> tuple[Any, Any, int | None]:
+  def at_boundary(
+    self, step: int, state_L: Any, steps: int, block: Batch, driver: Any, trained: int | None = None
+  ) -> tuple[Any, Any, int | None]:
     """After a block of `steps` data steps that ended at `step` (`block`: its batches [R, K, B, ...], the first
     `steps` of them trained): failures that struck it, then a checkpoint due here.
 
@@ -431,7 +434,7 @@ class EmulatedFailures:
 
   def _save(self, step: int, state_L: Any, driver: Any) -> None:
     started = time.perf_counter()
-    self._checkpointer.save(step, checkpointing.training_tree(state_L, driver.sync_state()))
+    self._checkpointer.save(step, checkpointing.training_tree(*driver.settled(state_L)))
     self._save_blocks_s.append(time.perf_counter() - started)
     if self._emulated_save:
       self._save_fractions.append(self._save_fraction(step, state_L))

@@ -4,7 +4,7 @@
   state_L, sync_state_R, step = recovery.resume(fresh)      # fresh() -> (state_L, sync_state_R): built only if needed
   recovery.start(step, state_L, sync_state_R)
   for ...:                                                  # the training loop (train.py), a block at a time
-    state_L, driver, rewind_to = recovery.at_boundary(step, state_L, n, block, driver)
+    state_L, driver, rewind_to = recovery.at_boundary(step, state_L, n, block, driver, trained)
     recovery.next_due(step)                                 # where the loop ends the next block
   recovery.finish(step, state_L, driver.sync_state())
   recovery.summary()
@@ -37,13 +37,16 @@ class RecoveryPolicy(Protocol):
 
   def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None: ...
 
-  waits_for_blocks: bool  # Each block must be done before its boundary (the loop waits for it).
+  def waits_for(self, step: int) -> bool:
+    """Whether the block that ends at `step` must be done before its boundary's work (the loop waits for it)."""
 
   def next_due(self, step: int) -> int | None: ...
 
   def at_boundary(
-    self, step: int, state_L: Any, steps: int, block: Batch, driver: Any
-  ) -> tuple[Any, Any, int | None]: ...
+    self, step: int, state_L: Any, steps: int, block: Batch, driver: Any, trained: int | None = None
+  ) -> tuple[Any, Any, int | None]:
+    """`trained`: the last step known trained (`step` where the loop waited for the block, else the boundary
+    before: one block stays in flight)."""
 
   def on_error(self, error: BaseException, step: int, state_L: Any, driver: Any) -> None: ...
 

@@ -224,13 +224,17 @@ class RealFailures:
 
   # The loop.
 
-  @property
-  def waits_for_blocks(self) -> bool:
-    """Whether each block must be done before its boundary: its last step is reported as trained (the launcher
-    kills at it, the restart plan goes on from it), in a job of several processes or under a launcher's control
-    pipe; a position dispatched but not trained would be taken as trained. The wait costs the device the host's
-    work for the next dispatch, which K keeps a small share of a block."""
-    return self._control.fd is not None or self._processes > 1
+  def waits_for(self, step: int) -> bool:
+    """Whether the block that ends at `step` must be done before its boundary: the one the launcher kills at (it
+    tells the launcher it got there, and a kill must find that step trained). Elsewhere one block stays in flight, as
+    in one process, and the steps reported (to the peers, the launcher and the restart plan) are the trained ones, a
+    block behind (`at_boundary`'s `trained`). (Waiting for every block in a job of several processes left the
+    devices idle through the host's work at each boundary: a 2 x 4 job ran at 0.72-0.82 of its step.) Where the
+    steps are collectives of the job (sync SGD, sharded tables), every block: one in flight when a peer dies never
+    ends, and the state a survivor saves then must be one that did."""
+    if self._lock_step and self._processes > 1:
+      return True
+    return self._control.fd is not None and step == self._control.kill_at_step
 
   def next_due(self, step: int) -> int | None:
     """The first step after `step` at whose boundary something is due: a kill asked for, the calibration's end, a
@@ -245,22 +249,27 @@ class RealFailures:
       dues.append((step // every + 1) * every)
     return min((due for due in dues if due is not None and due > step), default=None)
 
-  def at_boundary(self, step: int, state_L: Any, steps: int, block: Batch, driver: Any) -> tuple[Any, Any, None]:
-    """After a block of `steps` data steps that ended at `step` (`block`: its batches [L, K, B, ...]): a lost peer
-    ends the process here (after saving the live state); otherwise the checkpoint and priority save due, and a kill
-    the launcher was asked for."""
+  def at_boundary(
+    self, step: int, state_L: Any, steps: int, block: Batch, driver: Any, trained: int | None = None
+  ) -> tuple[Any, Any, None]:
+    """After a block of `steps` data steps that ends at `step` (`block`: its batches [L, K, B, ...]; `trained`: the
+    last step known trained, `step` if the loop waited for the block): a lost peer ends the process here (after
+    saving the live state); otherwise the checkpoint and priority save due, and a kill the launcher was asked
+    for."""
+    trained = step if trained is None else trained
     self._stop_if_a_peer_is_lost(step, state_L, driver)
-    if self.waits_for_blocks:  # The loop has waited for it already (it times its blocks so); a safeguard here.
+    if self.waits_for(step):  # The loop has waited for it already; a safeguard here.
       jax.block_until_ready(state_L.step)
+      trained = step
     if self._timing is None:
       self._timing = (time.perf_counter(), step)  # The first step compiled: the clock starts after it.
       self._control.ready()
       history.append(self._workdir, self._writer, {'event': 'ready', 'generation': self._generation, 'step': step})
-    distributed.report(step, 'train', checkpoint=self._saved[-2] if len(self._saved) > 1 else None)
+    distributed.report(trained, 'train', checkpoint=self._saved[-2] if len(self._saved) > 1 else None)
     if self._saver is not None:
       self._saver.count(block.sparse[:, :steps])
     if self._live is not None:
-      self._live.at_boundary(step, lambda: checkpointing.training_tree(state_L, self._local(driver.sync_state())))
+      self._live.at_boundary(step, lambda: checkpointing.training_tree(*self._settled(state_L, driver)))
     steps_timed = step - self._timing[1]
     if self._needs_calibration() and steps_timed >= CALIBRATION_STEPS:
       if self.requested_mode == 'none':  # Only the pace is needed: seconds between checkpoints as common steps.
@@ -268,7 +277,7 @@ class RealFailures:
       else:
         self._calibrate(step, state_L, driver)
     elif (self._interval and step % self._interval == 0) or self._save_due_by_time():
-      self._save(step, state_L, self._local(driver.sync_state()))
+      self._save(step, *self._settled(state_L, driver))
     elif self._saver is not None and step % self._priority_interval() == 0:
       if not self._saver.due():  # The last one is still being written, or its cost is over budget: skipped.
         history.append(
@@ -285,17 +294,15 @@ class RealFailures:
     # Lost during this boundary's work: this step's state, read now, before the next block is dispatched (where its
     # steps are collectives, it would never end).
     self._stop_if_a_peer_is_lost(step, state_L, driver)
-    self._control.step(step)
-    self._control.reached(step)
+    self._control.step(trained)
+    self._control.reached(trained)
     return state_L, driver, None
 
   def on_error(self, error: BaseException, step: int, state_L: Any, driver: Any) -> None:
     """An exception in the loop: if it is a collective that lost its partner, save what survives and exit (never
     returns then); otherwise returns, and the error goes on."""
     if distributed.active() and distributed.looks_like_a_lost_peer(error):
-      self._stop_for_a_lost_peer(
-        step, state_L, self._local(driver.sync_state()), f'a collective failed: {str(error)[:200]}'
-      )
+      self._stop_for_a_lost_peer(step, *self._settled(state_L, driver), f'a collective failed: {str(error)[:200]}')
 
   def finish(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
     """After the last step: the final save (this process's part), waited for."""
@@ -434,7 +441,7 @@ class RealFailures:
     mean_step_s = self._mean_step_s(step)  # The steps' own pace: the loop's saves before this one left out.
     self._checkpointer.wait()
     started = time.perf_counter()
-    tree = checkpointing.training_tree(state_L, self._local(driver.sync_state()))
+    tree = checkpointing.training_tree(*self._settled(state_L, driver))
     with compilation_cache.compiling() as compiled:  # Once a run (a differential's gather): left out of the costs.
       self._checkpointer.save(step, tree)
     save_s = time.perf_counter() - started
@@ -638,11 +645,16 @@ class RealFailures:
     """This process's copies of the job-wide sync state (what its checkpoints hold)."""
     return None if sync_state_R is None else replicas.to_local(sync_state_R, self._meshes)
 
+  def _settled(self, state_L: Any, driver: Any) -> tuple[Any, PyTree]:
+    """The pair to save now (`SyncDriver.settled`: no round half landed), with this process's sync state."""
+    state_L, sync_state_R = driver.settled(state_L)
+    return state_L, self._local(sync_state_R)
+
   # A lost peer.
 
   def _stop_if_a_peer_is_lost(self, step: int, state_L: Any, driver: Any) -> None:
     if (reason := distributed.peer_lost()) is not None:
-      self._stop_for_a_lost_peer(step, state_L, self._local(driver.sync_state()), reason)
+      self._stop_for_a_lost_peer(step, *self._settled(state_L, driver), reason)
 
   def _stop_for_a_lost_peer(self, step: int, state_L: Any, sync_state_L: PyTree, reason: str) -> None:
     """At a block boundary: saves what survives (this step's live state, under partial recovery), writes it down,

@@ -93,9 +93,12 @@ def time_step_alone(config, steps_per_dispatch: int, timed_steps: int) -> float:
   return num_blocks * steps_per_dispatch * num_replicas * config.batch_size / seconds
 
 
-def _make_no_work_block(config, meshes):
-  """A block program that trains nothing: the state back as it came (donated), zero losses."""
+def _make_no_work_block(config, meshes, between=None):
+  """A block program that trains nothing: the state back as it came (donated), zero losses (for a run without fused
+  rounds: `between` None)."""
   del config, meshes
+  if between is not None:
+    raise ValueError('the no-work block has no fused rounds: time it on an algorithm without them.')
 
   @functools.partial(jax.jit, donate_argnums=0)
   def nothing(state_L, block_L, steps_L):
@@ -259,11 +262,11 @@ def _job_note(results: dict[str, dict[str, Any]]) -> str:
   )
 
 
-# A job of processes: 8 replicas as 2 processes x 4 devices with `shadow_ma`, and with `none` (the same job without
-# rounds: what the rounds cost it, beside what the loop does).
+# A job of processes: 8 replicas as 2 processes x 4 devices with each shadow algorithm, and with `none` (the same job
+# without rounds: what the rounds cost it, beside what the loop does).
 
 JOB_PROCESSES, JOB_DEVICES = 2, 4
-JOB_ALGORITHMS = ('shadow_ma', 'none')
+JOB_ALGORITHMS = ('shadow_ma', 'none', 'shadow_ea', 'shadow_bmuf')
 
 
 def time_job_loop(algorithm: str, num_train_examples: int, workdir: pathlib.Path) -> dict[str, Any]:

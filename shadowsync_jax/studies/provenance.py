@@ -13,7 +13,8 @@ and of `experiments`, and the files a loaded module names in its `RUNS_ELSEWHERE
 worker): what a change must touch to change the result. Left out: the modules that write, date and read
 result files (`WRITERS`: this one, `report`, `result_files`, `staleness`, `headlines`), which measure nothing. The
 machine's load is read when this module is imported (a study binary imports it at its start) and again when the
-record is made."""
+record is made, and other work beside the study (every process but its own and its children) is measured in between,
+every 10 s (`_Beside`): the record says whether the machine was quiet."""
 
 import datetime
 import json
@@ -23,10 +24,51 @@ import platform
 import re
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
+
+import psutil
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 LOAD_AT_START = os.getloadavg()
+BESIDE_WINDOW_S = 10.0  # The window over which other work beside the study is measured.
+
+
+class _Beside:
+  """What the machine's cores did for work other than this process and its children, every `BESIDE_WINDOW_S`
+  seconds from import to the record: a study's speed figure is worth what its machine was quiet (a load average
+  counts the study's own threads, and at its ends only)."""
+
+  def __init__(self):
+    self.shares: list[float] = []  # Per window: other work's CPU seconds over the window's core-seconds.
+    thread = threading.Thread(target=self._run, name='provenance-beside', daemon=True)
+    thread.start()
+
+  @staticmethod
+  def _busy_and_own() -> tuple[float, float]:
+    times = psutil.cpu_times()
+    busy = sum(times) - times.idle - getattr(times, 'iowait', 0.0)
+    me = psutil.Process()
+    own = sum(me.cpu_times()[:4])  # user, system, and the reaped children's.
+    for child in me.children(recursive=True):
+      try:
+        own += sum(child.cpu_times()[:2])
+      except psutil.Error:  # Gone meanwhile: its time is in a parent's children_* once reaped.
+        pass
+    return busy, own
+
+  def _run(self) -> None:
+    cores = os.cpu_count() or 1
+    busy, own = self._busy_and_own()
+    while True:
+      time.sleep(BESIDE_WINDOW_S)
+      now_busy, now_own = self._busy_and_own()
+      self.shares.append(max(0.0, (now_busy - busy) - (now_own - own)) / (BESIDE_WINDOW_S * cores))
+      busy, own = now_busy, now_own
+
+
+_BESIDE = _Beside()
 # Modules whose studies run jobs in processes of their own: those import the whole library and its binaries.
 _JOB_RUNNERS = ('shadowsync_jax.studies.jobs', 'shadowsync_jax.parallel.supervisor')
 _JOB_CODE = ('shadowsync_jax', 'experiments')
@@ -34,6 +76,7 @@ _NOT_JOB_CODE = 'shadowsync_jax/studies/'  # The library never imports studies: 
 WRITERS = tuple(
   f'shadowsync_jax/studies/{name}.py' for name in ('provenance', 'report', 'result_files', 'staleness', 'headlines')
 )
+QUIET_SHARE = 0.10  # Other work under this share of the cores in every window: the study ran on a quiet machine.
 _COMMENT = re.compile(r'<!-- provenance: (?P<json>\{.*?\}) -->', re.S)
 
 
@@ -92,6 +135,9 @@ def collect(command: str, repo: pathlib.Path = REPO_ROOT, modules: dict[str, Any
     'cores': os.cpu_count(),
     'load_at_start': [round(x, 2) for x in LOAD_AT_START],
     'load_at_end': [round(x, 2) for x in os.getloadavg()],
+    # Other work's share of the cores beside the study, over 10-s windows: the mean and the largest.
+    'beside_share_mean': round(sum(_BESIDE.shares) / len(_BESIDE.shares), 3) if _BESIDE.shares else None,
+    'beside_share_max': round(max(_BESIDE.shares), 3) if _BESIDE.shares else None,
     'python': platform.python_version(),
     'jax': _version('jax'),
     'measures': measured,
@@ -112,9 +158,16 @@ def line(record: dict[str, Any]) -> str:
   dirty = [f for f in record['uncommitted_files'] if f in record['measures']]
   tree = 'measured code as committed' if record['tree_clean'] else f'{len(dirty)} measured file(s) not committed'
   where = 'outside a git checkout' if record['commit'] is None else f'at commit {record["commit"][:10]} ({tree})'
+  beside = ''
+  if record.get('beside_share_max') is not None:
+    quiet = 'quiet' if record['beside_share_max'] < QUIET_SHARE else 'not quiet'
+    beside = (
+      f'; other work beside it: {100 * record["beside_share_mean"]:.0f}% of the cores on average, '
+      f'{100 * record["beside_share_max"]:.0f}% at most over {BESIDE_WINDOW_S:.0f} s ({quiet})'
+    )
   return (
     f'Written {record["date_utc"]} UTC {where}, on {record["cores"]} cores '
-    f'(load average {record["load_at_start"][0]:.1f} at the start, {record["load_at_end"][0]:.1f} at the end); '
+    f'(load average {record["load_at_start"][0]:.1f} at the start, {record["load_at_end"][0]:.1f} at the end{beside}); '
     f'Python {record["python"]}, jax {record["jax"]}.'
   )
 

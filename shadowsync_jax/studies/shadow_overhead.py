@@ -78,25 +78,33 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
 
   meshes = replicas.make_meshes(num_replicas)
   source, _ = input_pipeline.make_sources(config.data, config.seed)
-  loop = _Loop(config, train.init_replicated_state(config, meshes), meshes, source, available_steps)
-  driver = sync_drivers.make_driver(config, meshes)
-  driver.start(loop.state, driver.initial_sync_state(loop.state))
-  loop.run(_WARMUP_STEPS, driver)
-  loop.state = driver.finish(loop.state)
-  # Fresh round statistics for the timed windows, mid-run: the warm-up chose K (no probe for their rounds to wait).
-  driver = sync_drivers.make_driver(config, meshes, mid_run=True)
-  sync_state = driver.initial_sync_state(loop.state)
+  state = train.init_replicated_state(config, meshes)
+  # Without rounds: `none`'s blocks, as a `none` run dispatches them ('auto' chooses K in the warm-up).
+  plain = _Loop(config, meshes, source, available_steps)
+  state, step = plain.run(state, 0, _WARMUP_STEPS)[:2]
+  # With them: the driver of a one-process run (rounds fused into the blocks), at the K the first chose.
+  fused_config = copy.deepcopy(config)
+  fused_config.train.steps_per_dispatch = plain.steps_per_dispatch
+  driver = sync_drivers.make_driver(fused_config, meshes, mid_run=True)
+  fused = _Loop(fused_config, meshes, source, available_steps, driver)
+  sync_state = driver.initial_sync_state(state)
+  driver.start(state, sync_state)  # Times a round; the fused programs compile in the warm-up below.
+  state, step = fused.run(state, step, _WARMUP_STEPS)[:2]
   phases = np.random.default_rng(config.seed)
-  rates = {False: [], True: []}
+  rates, rounds, gaps = {False: [], True: []}, 0, []
   for pair in range(pairs):
-    for with_thread in (False, True) if pair % 2 == 0 else (True, False):
-      if with_thread:
-        driver.start(loop.state, sync_state, first_round_after_s=phases.uniform(0, driver.stats()['sync_interval_s']))
-      rates[with_thread].append(loop.run(window_steps, driver if with_thread else None))
-      if with_thread:
-        loop.state = driver.finish(loop.state)
-        sync_state = driver.sync_state()
-  loop.close()
+    for with_rounds in (False, True) if pair % 2 == 0 else (True, False):
+      if with_rounds:  # The first round at a random phase of the gap, as a window of a steady run meets them.
+        gap = driver.stats()['sync_gap_steps']
+        driver.start(state, driver.sync_state(), first_round_after=int(phases.integers(1, gap + 1)))
+      state, step, rate = (fused if with_rounds else plain).run(state, step, window_steps)
+      rates[with_rounds].append(rate)
+      if with_rounds:
+        stats = driver.stats()
+        rounds += stats['sync_rounds']
+        gaps += [stats['mean_sync_gap']] * stats['sync_rounds'] if stats['mean_sync_gap'] else []
+  plain.close()
+  fused.close()
   ratio = np.asarray(rates[True]) / np.asarray(rates[False])
   low, high, coverage = median_interval(ratio)
   return {
@@ -110,7 +118,10 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
     'examples_per_sec_with': float(np.median(rates[True])),
     'pairs': pairs,
     'window_steps': window_steps,
+    'steps_per_dispatch': plain.steps_per_dispatch,
     **driver.stats(),
+    'sync_rounds': rounds,
+    'mean_sync_gap': float(np.mean(gaps)) if gaps else None,
   }
 
 
@@ -136,8 +147,8 @@ def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float
 
 
 def steps_needed(window_steps: int, pairs: int) -> int:
-  """Training steps `measure` takes: a warm-up, then the windows."""
-  return _WARMUP_STEPS + 2 * pairs * window_steps
+  """Training steps `measure` takes: two warm-ups (the blocks without rounds, then with them), then the windows."""
+  return 2 * _WARMUP_STEPS + 2 * pairs * window_steps
 
 
 class Settings(NamedTuple):
@@ -222,25 +233,32 @@ def note(variant: str, base: ml_collections.ConfigDict, settings: Settings, algo
 class _Loop:
   """The training loop of `train.train_and_evaluate`, without metrics or checkpoints: its `train.BlockDispatcher`
   (blocks planned as there, 'auto' measured in the warm-up, the next one read while one trains, one in flight), the
-  driver at every boundary."""
+  driver's rounds fused into its blocks if one is given."""
 
-  def __init__(self, config, state, meshes, source, stop_step: int):
-    self.state = state
-    self._blocks = train.BlockDispatcher(config, meshes, source, stop_step)
+  def __init__(self, config, meshes, source, stop_step: int, driver: sync_drivers.SyncDriver | None = None):
+    between = driver.between_steps() if driver is not None else None
+    self._blocks = train.BlockDispatcher(config, meshes, source, stop_step, between=between)
+    self._driver = driver
     self._examples_per_step = config.num_replicas * config.batch_size
-    self._step = 0
 
-  def run(self, steps: int, driver: sync_drivers.SyncDriver | None) -> float:
-    """`steps` steps (with `driver.at_boundary` after each block, if given); returns their examples/sec."""
-    start, end = time.perf_counter(), self._step + steps
-    while self._step < end:
+  @property
+  def steps_per_dispatch(self) -> int | None:
+    return self._blocks.plan.steps_per_dispatch
+
+  def run(self, state, step: int, steps: int) -> tuple[Any, int, float]:
+    """`steps` steps from `step`; returns (state, step, their examples/sec)."""
+    driver = self._driver
+    start, end = time.perf_counter(), step + steps
+    while step < end:
       due = lambda at, end=end: [end, driver.next_due(at) if driver is not None else None]
-      self.state, _, _, n = self._blocks.dispatch(self.state, self._step, due)
-      self._step += n
       if driver is not None:
-        self.state = driver.at_boundary(self._step, self.state, n, self._blocks.waited)
-    jax.block_until_ready(self.state)
-    return steps * self._examples_per_step / (time.perf_counter() - start)
+        state = driver.before_block(step, state)
+      state, _, _, n = self._blocks.dispatch(state, step, due, rounds=driver)
+      step += n
+      if driver is not None:
+        driver.at_boundary(step, state, n, self._blocks.waited)
+    jax.block_until_ready(state)
+    return state, step, steps * self._examples_per_step / (time.perf_counter() - start)
 
   def close(self) -> None:
     self._blocks.close()

@@ -11,9 +11,9 @@ and then each foreground algorithm again with k equal to its shadow counterpart'
 ShadowSync paper compares them. The grid runs once per seed of `settings.seeds` (`config.seed`: the stream, the
 teacher and the initial model); NE is compared within a seed and the table gives the mean and the range over the
 seeds. The shadow rounds keep the default pace, `sync.min_interval_s='auto'` (paced to
-cost at most `sync.max_overhead` of the trainers' throughput), unless `settings.min_interval_s` sets one; under
-'auto' `shadow_ea` and `shadow_bmuf` take one step a dispatch (`config_lib.steps_per_dispatch`), and
-`settings.steps_per_dispatch` sets a K for every run (the shadow runs included). With
+cost at most `sync.max_overhead` of the trainers' throughput), unless `settings.min_interval_s` sets one; every
+run's K is 'auto''s (in one process the shadow rounds are fused into its blocks: `sync.scheduled`), unless
+`settings.steps_per_dispatch` sets one for every run. With
 `settings.repeats=N` each seed's grid runs N times in turn and examples/sec is the best of the N (external load
 only ever slows a run down). `table` is a markdown table (eval NE, AUC, examples/sec and its ratio to `none`, rounds,
 mean sync gap, the shadow rounds' pace); `note` names every setting changed from the defaults
@@ -125,15 +125,15 @@ def _run_seed(base: ml_collections.ConfigDict, settings: Settings, root: pathlib
 
 def table(rows: list[dict[str, Any]]) -> str:
   """A row a run (label): eval NE against sync_sgd's of the same seed (mean, and the range over the seeds), AUC,
-  examples/sec (and against none's), rounds, mean sync gap, merge lag (steps from a shadow round's snapshot to its
-  merge), pace (means over the seeds); the Bayes NE floors below."""
+  examples/sec (and against none's), the steps a dispatch (K) of its seeds, rounds, mean sync gap, merge lag (steps
+  from a shadow round's snapshot to its merge), pace (means over the seeds); the Bayes NE floors below."""
   seeds = sorted({r['seed'] for r in rows})
   by = {(r['label'], r['seed']): r for r in rows}
   mean = lambda values: sum(values) / len(values)
   lines = [
     '| run | eval NE (mean) | NE vs sync_sgd: mean (min to max) | AUC (mean) | examples/sec (mean) | vs none | '
-    'rounds (mean) | mean sync gap | merge lag | pace (s) |',
-    '|---|---|---|---|---|---|---|---|---|---|',
+    'K | rounds (mean) | mean sync gap | merge lag | pace (s) |',
+    '|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for label in dict.fromkeys(r['label'] for r in rows):
     runs = [by[(label, s)] for s in seeds]
@@ -146,7 +146,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines.append(
       f'| {label} | {mean([r["eval_ne"] for r in runs]):.4f} | {mean(gaps):+.2f}%{spread} | '
       f'{mean([r["eval_auc"] for r in runs]):.4f} | {mean([r["examples_per_sec"] for r in runs]):,.0f} | '
-      f'{mean(speed):.2f} | {mean([r["sync_rounds"] for r in runs]):.0f} | '
+      f'{mean(speed):.2f} | {", ".join(str(k) for k in sorted({r.get("steps_per_dispatch") or 0 for r in runs}))} | '
+      f'{mean([r["sync_rounds"] for r in runs]):.0f} | '
       f'{f"{mean(sync_gaps):.1f}" if sync_gaps else ""} | {f"{mean(lags):.1f}" if lags else ""} | '
       f'{f"{mean(paces):.2f}" if paces else ""} |'
     )

@@ -5,11 +5,20 @@
   init_R, sync_R = algorithms.stacked(algorithm, mesh)               # jit(shard_map(...)) over replicas
   sync_state_R = init_R(params_R)
   params_R, sync_state_R = sync_R(params_R, sync_state_R)                 # one round
+  hand_over_L, land_L, _ = algorithms.met_rounds(algorithm, local_mesh)   # the same, replicas met on the host
 
 `init` and `sync` run per replica inside `jax.shard_map` over `axis_name`: they see one replica's params (no
 leading axis) and couple the replicas only through `lax.pmean`/`lax.psum`. Every sync state holds values that are
 identical on all replicas (the EASGD center, the BMUF global model and momentum), one copy per replica, so a round
 needs no broadcast. Which leaves are synced and when a round runs belong to the driver, not to this module.
+
+A round that lands late (a shadow round across processes: docs/design.md §3) is split in two (`met_rounds`): its
+`lead`, what the round does to a replica that needs no other replica (the round as if this replica were every
+replica: EA's pull toward the center, BMUF's momentum step; nothing for MA), which lands when its snapshot is
+taken, and the rest (`synced - snapshot - lead`: what the replica mean brings), which lands when the round is
+merged. Landed late as a whole, BMUF's momentum acts on block gradients measured before its last jump showed, and
+diverges once the lag nears the gap (at the default config's 8 replicas, rounds every 16 steps merged 16 steps
+late: NE 1.60; with the lead 0.84, sync SGD's 0.84).
 """
 
 from collections.abc import Callable
@@ -30,10 +39,18 @@ NAMES = ('ma', 'ea', 'bmuf')
 
 
 class SyncAlgorithm(NamedTuple):
-  """A pure pair: `init(params) -> sync_state` and `sync(params, sync_state) -> (params, sync_state)`."""
+  """A pure pair: `init(params) -> sync_state` and `sync(params, sync_state) -> (params, sync_state)`; and
+  `lead(params, sync_state) -> change`: the part of `sync`'s change to one replica that needs no other replica (no
+  collective; None: nothing, as for model averaging). `sync` in two phases, for a round whose replicas meet
+  without a collective (`shadow.ShadowSync`, across processes): `contribution(params, sync_state) -> tree`, what
+  the round averages over every replica of the job, and `finish(params, sync_state, mean) -> (params, sync_state)`,
+  the round given that average: `sync` is `finish(params, state, replica_mean(contribution(params, state)))`."""
 
   init: Callable[[PyTree], PyTree]
   sync: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
+  lead: Callable[[PyTree, PyTree], PyTree] | None = None
+  contribution: Callable[[PyTree, PyTree], PyTree] | None = None
+  finish: Callable[[PyTree, PyTree, PyTree], tuple[PyTree, PyTree]] | None = None
 
 
 class ModelAveragingState(NamedTuple):
@@ -90,17 +107,21 @@ def model_averaging(axis_name: str) -> SyncAlgorithm:
   def sync(params, state):
     return replica_mean(params, axis_name), state
 
-  return SyncAlgorithm(init, sync)
+  def finish(params, state, mean):
+    del params
+    return mean, state
+
+  return SyncAlgorithm(init, sync, contribution=lambda params, state: params, finish=finish)
 
 
-def elastic_averaging(axis_name: str, alpha: float) -> SyncAlgorithm:
+def elastic_averaging(axis_name: str, alpha: float, num_replicas: int | None = None) -> SyncAlgorithm:
   """Elastic averaging: replicas and a center `c` pull toward each other with moving rate `alpha`.
 
   `d_i = alpha (w_i - c)`; `w_i <- w_i - d_i`; `c <- c + sum_i d_i`. The synchronous round of EASGD, "Deep
   learning with Elastic Averaging SGD" (Zhang, Choromanska & LeCun, NeurIPS 2015, arXiv:1412.6651), with
   `beta = R alpha`; the round contracts `mean_i w_i - c` by `1 - alpha (R + 1)`: monotonically for
   `alpha (R + 1) <= 1`, flipping its sign each round above that (docs/design.md §3's stability bound is `alpha R < 1`).
-  The center starts at the replica mean of the initial params.
+  The center starts at the replica mean of the initial params. `num_replicas` (R) gives the two-phase form.
   """
 
   def init(params):
@@ -112,7 +133,20 @@ def elastic_averaging(axis_name: str, alpha: float) -> SyncAlgorithm:
     center = jax.tree.map(lambda c, s: c + s, state.center, _psum(diffs, axis_name))
     return params, ElasticAveragingState(center=center)
 
-  return SyncAlgorithm(init, sync)
+  def lead(params, state):  # A replica's pull is its own: only the center needs the others.
+    return jax.tree.map(lambda w, c: -alpha * (w - c), params, state.center)
+
+  def contribution(params, state):
+    return jax.tree.map(lambda w, c: alpha * (w - c), params, state.center)
+
+  def finish(params, state, mean_diff):
+    params = jax.tree.map(lambda w, d: w - d, params, contribution(params, state))
+    center = jax.tree.map(lambda c, m: c + num_replicas * m, state.center, mean_diff)
+    return params, ElasticAveragingState(center=center)
+
+  if num_replicas is None:
+    return SyncAlgorithm(init, sync, lead)
+  return SyncAlgorithm(init, sync, lead, contribution, finish)
 
 
 def bmuf(axis_name: str, block_momentum: float, block_lr: float = 1.0, nesterov: bool = False) -> SyncAlgorithm:
@@ -128,8 +162,9 @@ def bmuf(axis_name: str, block_momentum: float, block_lr: float = 1.0, nesterov:
     global_params = replica_mean(params, axis_name)
     return BmufState(global_params=global_params, momentum=jax.tree.map(jnp.zeros_like, global_params))
 
-  def sync(params, state):
-    block_grad = jax.tree.map(lambda m, g: m - g, replica_mean(params, axis_name), state.global_params)
+  def step(mean, state):
+    """The round from the replica mean `mean`: (the replicas' new params, the new state)."""
+    block_grad = jax.tree.map(lambda m, g: m - g, mean, state.global_params)
     momentum = jax.tree.map(lambda d, b: block_momentum * d + block_lr * b, state.momentum, block_grad)
     global_params = jax.tree.map(lambda g, d: g + d, state.global_params, momentum)
     if nesterov:
@@ -138,7 +173,62 @@ def bmuf(axis_name: str, block_momentum: float, block_lr: float = 1.0, nesterov:
       params = global_params
     return params, BmufState(global_params=global_params, momentum=momentum)
 
-  return SyncAlgorithm(init, sync)
+  def sync(params, state):
+    return step(replica_mean(params, axis_name), state)
+
+  def lead(params, state):  # The round as if this replica were the mean: eta D (zeta = 1, without Nesterov).
+    return jax.tree.map(lambda new, w: new - w, step(params, state)[0], params)
+
+  def finish(params, state, mean):
+    del params
+    return step(mean, state)
+
+  return SyncAlgorithm(init, sync, lead, contribution=lambda params, state: params, finish=finish)
+
+
+def met_rounds(algorithm: SyncAlgorithm, mesh: Mesh) -> tuple[Callable[..., tuple], ...]:
+  """`(hand_over_L, land_L, take_back_L)`: a round of `algorithm` in programs on this process's devices (`mesh`),
+  the replicas of every process meeting between them on the host (`shadow.ShadowSync`: no collective of the job):
+
+    led_L, snapshot_L, local_sum = hand_over_L(params_L, sync_state_L)      # params donated
+    ...                                   # the job's mean of the contributions, from every process's local sum
+    params_L, sync_state_L = land_L(params_L, snapshot_L, sync_state_L, job_mean)   # params donated
+    unled_L = take_back_L(params_L, snapshot_L, sync_state_L)               # the lead taken out, new buffers
+
+  `hand_over_L` lands the round's lead at once and returns a copy of the params as they were (the snapshot) and
+  the sum of the replicas' contributions on this process's devices (replicated); `land_L` merges the rest of the
+  round, `synced - snapshot - lead`, into the params as they are by then (keeping the local steps made meanwhile:
+  docs/design.md §3) and returns the round's sync state. `sync_state_L` is the state the round starts from, this
+  process's copies."""
+  if algorithm.contribution is None or algorithm.finish is None:
+    raise ValueError('the algorithm has no two-phase form (contribution, finish).')
+  spec, whole = P(replicas.REPLICA_AXIS), P()
+  lead = algorithm.lead or (lambda params, state: jax.tree.map(jnp.zeros_like, params))
+
+  def hand_over_one(params_1, state_1):
+    params, state = replicas.squeeze(params_1), replicas.squeeze(state_1)
+    led = jax.tree.map(lambda w, a: w + a, params, lead(params, state))
+    local_sum = _psum(algorithm.contribution(params, state), replicas.REPLICA_AXIS)
+    return replicas.unsqueeze(led), replicas.unsqueeze(jax.tree.map(jnp.copy, params)), local_sum
+
+  def land_one(params_1, snapshot_1, state_1, mean):
+    params, snapshot, state = replicas.squeeze(params_1), replicas.squeeze(snapshot_1), replicas.squeeze(state_1)
+    synced, new_state = algorithm.finish(snapshot, state, mean)
+    merged = jax.tree.map(lambda w, s_new, s, a: w + (s_new - s - a), params, synced, snapshot, lead(snapshot, state))
+    return replicas.unsqueeze(merged), replicas.unsqueeze(new_state)
+
+  def take_back_one(params_1, snapshot_1, state_1):
+    params, snapshot, state = replicas.squeeze(params_1), replicas.squeeze(snapshot_1), replicas.squeeze(state_1)
+    return replicas.unsqueeze(jax.tree.map(lambda w, a: w - a, params, lead(snapshot, state)))
+
+  hand_over = jax.jit(
+    jax.shard_map(hand_over_one, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec, whole)), donate_argnums=0
+  )
+  land = jax.jit(
+    jax.shard_map(land_one, mesh=mesh, in_specs=(spec, spec, spec, whole), out_specs=(spec, spec)), donate_argnums=0
+  )
+  take_back = jax.jit(jax.shard_map(take_back_one, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec))
+  return hand_over, land, take_back
 
 
 def default_elastic_alpha(num_replicas: int) -> float:
@@ -167,7 +257,7 @@ def make(
       elastic_alpha = default_elastic_alpha(num_replicas)
     if not 0 < elastic_alpha * num_replicas < 1:
       raise ValueError(f'elastic_alpha * num_replicas = {elastic_alpha} * {num_replicas} must be in (0, 1).')
-    return elastic_averaging(axis_name, elastic_alpha)
+    return elastic_averaging(axis_name, elastic_alpha, num_replicas)
   if name == 'bmuf':
     if block_momentum < 0:
       block_momentum = 1.0 - 1.0 / num_replicas

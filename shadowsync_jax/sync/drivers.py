@@ -4,8 +4,9 @@
   sync_state_R = driver.initial_sync_state(state_L)  # EA center, BMUF global model and momentum; None if no rounds
   driver.start(state_L, sync_state_R)          # or a sync state restored from a checkpoint
   for block in ...:                           # blocks of steps, one dispatch each (docs/design.md §13)
+    state_L = driver.before_block(step, state_L)  # rounds and merges due here, before the block on these params
     state_L, _ = train_block(state_L, block_L)
-    state_L = driver.at_boundary(step, state_L, n)  # foreground: a blocking round every k steps; shadow: merge a result
+    state_L = driver.at_boundary(step + n, state_L, n)  # bookkeeping: the blocks' times
     driver.next_due(step)                       # the next step it must act at (the loop ends a block there), or None
     ... metric writes, saves ...
     driver.loop_work(seconds)                   # what they took: shadow leaves a step with a save out of its pace
@@ -16,10 +17,11 @@
 The train state `state_L` holds this process's replicas (`meshes.local`); rounds and the consensus run over all
 the job's replicas (`meshes.job`, the same mesh in a one-process job), so the sync state `sync_state_R` is a
 job-wide array. The math of a round lives in `algorithms` (pure, testable on numbers); the drivers own timing and
-threads: `foreground.NoSync` and `foreground.ForegroundSync` run on the training thread, `shadow.ShadowSync` in a
-thread of its own (`scheduled.ScheduledShadowSync` where the steps are collectives: sharded tables, its rounds
-dispatched by the training thread); `rounds` holds what they share (the synced groups, the sync-gap bookkeeping)
-and `consensus` the model they evaluate.
+threads: `foreground.NoSync` and `foreground.ForegroundSync` run on the training thread; the shadow rounds run in
+`scheduled.ScheduledShadowSync`, dispatched by the training thread between blocks, where one program runs at a time
+for the whole job (one process, or steps that are collectives: sharded tables), and in `shadow.ShadowSync`, a thread
+of its own, where processes step apart; `rounds` holds what they share (the synced groups, the sync-gap
+bookkeeping) and `consensus` the model they evaluate.
 """
 
 from typing import Any, Protocol
@@ -27,7 +29,6 @@ from typing import Any, Protocol
 import ml_collections
 
 from shadowsync_jax import block_plan
-from shadowsync_jax import config as config_lib
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
 from shadowsync_jax.sync import consensus
@@ -49,16 +50,32 @@ class SyncDriver(Protocol):
     them."""
 
   def sync_state(self) -> PyTree | None:
-    """The current sync state, to checkpoint with the train state (None for algorithms without rounds)."""
+    """The current sync state (None for algorithms without rounds)."""
+
+  def settled(self, state_L: Any) -> tuple[Any, PyTree | None]:
+    """(train state, sync state) as a pair a run can go on from, to checkpoint: every round in it whole, none half
+    landed (a round in flight is in it whole or not at all; the live state is left as it is)."""
 
   def next_due(self, step: int) -> int | None:
     """The first step after `step` at whose boundary it must act (a round due); None: any boundary will do."""
 
+  def between_steps(self) -> Any:
+    """`between(k, state, carry) -> (state, carry)`: rounds fused into the loop's blocks, run on each device after
+    a block's step k (`replicas.make_replicated_block`), or None. With one, the loop asks `block_carry(step, steps)`
+    for each block's carry and hands the block's back to `after_block(carry)`."""
+
+  def before_block(self, step: int, state_L: Any) -> Any:
+    """At the boundary `state_L` is at (`step`), right before the loop dispatches the next block: the device work due
+    there (rounds, merges, hand-overs); returns the train state. Work on the live params goes here, not after the
+    next block is dispatched: a program whose inputs are not ready yet holds the thread that dispatches it until
+    they are (XLA:CPU, for programs over several devices), so dispatched behind the next block it held the loop
+    until that block was done, and the devices idle through the loop's own work at the boundary."""
+
   def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
-    """After a block of `steps` steps that ended at `step`: rounds due, merges; returns the train state. `waited`:
-    the loop waited for this block before the boundary (it keeps one in flight otherwise); `paused_s`: seconds since
-    the last boundary that were no training (compiling the programs of the K 'auto' chose): for drivers that time
-    the blocks."""
+    """After dispatching a block of `steps` steps that ends at `step`: bookkeeping (the blocks' times); returns the
+    train state. `waited`: the loop waited for this block before the boundary (it keeps one in flight otherwise);
+    `paused_s`: seconds since the last boundary that were no training (compiling the programs of the K 'auto'
+    chose): for drivers that time the blocks."""
 
   def loop_work(self, seconds: float) -> None:
     """The loop spent `seconds` on work of its own after the last `at_boundary` (metric writes, saves): a driver
@@ -102,15 +119,12 @@ def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshe
       algorithm, name, meshes, groups, sync.every_k_steps, donate=not keep_params, tables=tables
     )
   # The first round after 'auto''s probe: a round's work in its timed blocks made it choose one step a dispatch.
-  first_round_after = 1 if mid_run else block_plan.steps_until_chosen(config_lib.steps_per_dispatch(config))
-  if mode == 'shadow' and sync.embedding_placement == 'sharded':  # Steps are collectives: rounds go between them.
-    return scheduled.ScheduledShadowSync(
-      algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead, tables, first_round_after
-    )
+  first_round_after = 1 if mid_run else block_plan.steps_until_chosen(config.train.steps_per_dispatch)
+  args = (algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead, tables, first_round_after)
+  if mode == 'shadow' and (meshes.job is meshes.local or sync.embedding_placement == 'sharded'):
+    return scheduled.ScheduledShadowSync(*args)  # One program at a time for the whole job: rounds between blocks.
   if mode == 'shadow':
-    return shadow.ShadowSync(
-      algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead, tables, first_round_after
-    )
+    return shadow.ShadowSync(*args)  # Processes that step apart: a thread of its own, none waits for a round.
   raise ValueError(f'sync.algorithm={sync.algorithm!r} has no driver.')
 
 
@@ -133,8 +147,23 @@ class RestartedSync:
   def sync_state(self) -> PyTree:
     return self._driver.sync_state()
 
+  def settled(self, state_L: Any) -> tuple[Any, PyTree]:
+    return self._driver.settled(state_L)
+
   def next_due(self, step: int) -> int | None:
     return self._driver.next_due(step)
+
+  def between_steps(self) -> Any:
+    return self._driver.between_steps()
+
+  def block_carry(self, step: int | None, steps: int) -> Any:
+    return self._driver.block_carry(step, steps)
+
+  def after_block(self, carry: Any) -> None:
+    self._driver.after_block(carry)
+
+  def before_block(self, step: int, state_L: Any) -> Any:
+    return self._driver.before_block(step, state_L)
 
   def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
     return self._driver.at_boundary(step, state_L, steps, waited, paused_s)

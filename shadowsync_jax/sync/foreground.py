@@ -2,7 +2,7 @@
 
   driver = foreground.ForegroundSync(algorithm, 'ma', meshes, groups=('mlp', 'embedding'), every_k_steps=10)
   driver.start(state_L, driver.initial_sync_state(state_L))
-  state_L = driver.at_boundary(step, state_L, steps)   # at a multiple of k: a round on the live params, waited for
+  state_L = driver.before_block(step, state_L)         # at a multiple of k: a round on the live params, waited for
   driver.next_due(step)                                # the next multiple of k: where the loop ends a block
 
 The training thread issues every collective, so there is no thread to end (`drivers.SyncDriver`).
@@ -36,8 +36,14 @@ class _TrainingThreadOnly:
   def consensus(self, params_L: PyTree) -> PyTree:
     return consensus.materialize(self.consensus_rule(), params_L, self.sync_state(), self._meshes)
 
+  def settled(self, state_L: Any) -> tuple[Any, PyTree]:
+    return state_L, self.sync_state()  # A round here is whole when it returns.
+
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     return state_L
+
+  def between_steps(self) -> None:
+    return None  # Its rounds, if any, go between blocks.
 
   def loop_work(self, seconds: float) -> None:
     pass  # Nothing paces itself by the steps' times.
@@ -64,6 +70,9 @@ class NoSync(_TrainingThreadOnly):
 
   def next_due(self, step: int) -> None:
     return None
+
+  def before_block(self, step: int, state_L: Any) -> Any:
+    return state_L
 
   def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
     self._steps += steps
@@ -110,7 +119,8 @@ class ForegroundSync(_TrainingThreadOnly):
       replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes), sync_state_R
     ).compile()
     self._sync_state_R = sync_state_R
-    self._gaps.reset(int(state_L.step[0]))
+    self._last_round = self._last_boundary = int(state_L.step[0])  # A round due at the start ran before it.
+    self._gaps.reset(self._last_round)
 
   def sync_state(self) -> PyTree:
     return self._sync_state_R
@@ -119,9 +129,19 @@ class ForegroundSync(_TrainingThreadOnly):
     return (step // self._every + 1) * self._every
 
   def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
-    """A round if `step` is a multiple of k (the loop ends a block at each: `next_due`)."""
-    if step % self._every:
+    self._last_boundary = step
+    return state_L
+
+  def finish(self, state_L: Any, abandon: bool = False) -> Any:
+    """The round due at the last boundary, where no block came after it (a stop: the checkpoint holds it)."""
+    return state_L if abandon else self.before_block(self._last_boundary, state_L)
+
+  def before_block(self, step: int, state_L: Any) -> Any:
+    """A round if `step` is a multiple of k after the start (the loop ends a block at each: `next_due`), waited
+    for before the next block is dispatched; once a step."""
+    if step % self._every or step <= self._last_round:
       return state_L
+    self._last_round = step
     started = time.perf_counter()
     synced_R, self._sync_state_R = self._sync_R(
       replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes), self._sync_state_R

@@ -4,7 +4,8 @@ synced_L = rounds.select(state_L.params, rounds.SYNCED_GROUPS['dense'])   # {'ml
 params_L = rounds.with_synced(state_L.params, synced_L)
 gaps = rounds.GapTracker(); gaps.merged(step, latency_s); gaps.stats()    # sync_rounds, mean/max sync gap
 snapshot_L = rounds.copy(synced_L)                          # a shadow round's snapshot (the step donates the params)
-synced_L = rounds.merge(synced_L, snapshot_L, new_snapshot_L)   # w + (s' - s), in place
+synced_L = rounds.merge(synced_L, late_L)                   # w + late: a round's late part, in place
+saved_L = rounds.added(synced_L, late_L)                    # the same in new buffers (rounds.subtracted: w - d)
 """
 
 import functools
@@ -63,9 +64,23 @@ def with_synced(params: PyTree, synced: PyTree) -> PyTree:
 
 
 @functools.partial(jax.jit, donate_argnums=0)
-def merge(params_R: PyTree, snapshot_R: PyTree, synced_R: PyTree) -> PyTree:
-  """`w + (s' - s)`, in place (new buffers for every merged param cost the training thread a quarter more)."""
-  return jax.tree.map(lambda w, s, s_new: w + (s_new - s), params_R, snapshot_R, synced_R)
+def merge(params_R: PyTree, late_R: PyTree) -> PyTree:
+  """`w + late`: a round's late part (`algorithms.split_round`: `s' - s - lead` of its snapshot `s`) merged into
+  the live params, keeping the local steps made since the snapshot; in place (new buffers for every merged param
+  cost the training thread a quarter more)."""
+  return jax.tree.map(lambda w, late: w + late, params_R, late_R)
+
+
+@jax.jit
+def added(params_R: PyTree, delta_R: PyTree) -> PyTree:
+  """`w + delta` in new buffers (the live params stay as they are): a round landed in a copy, to save."""
+  return jax.tree.map(lambda w, d: w + d, params_R, delta_R)
+
+
+@jax.jit
+def subtracted(params_R: PyTree, delta_R: PyTree) -> PyTree:
+  """`w - delta` in new buffers: a round's lead taken back out of a copy of the params, to save without it."""
+  return jax.tree.map(lambda w, d: w - d, params_R, delta_R)
 
 
 @jax.jit

@@ -1,46 +1,49 @@
-"""ShadowSync when every training step is itself a collective of the job (sharded tables): the training thread
-dispatches each round, at a step every process agreed on, and never waits for it.
+"""ShadowSync where the devices run one program at a time for the whole job: one process, or a job whose every
+step is itself a collective (sharded tables). The rounds are fused into the training blocks, between two steps, at
+the pace their cost allows; nothing waits for them.
 
   driver = ScheduledShadowSync(algorithm, 'ma', meshes, groups=('mlp',), min_interval_s='auto', max_overhead=0.05)
-  driver.start(state_L, driver.initial_sync_state(state_L))
+  driver.start(state_L, driver.initial_sync_state(state_L))   # times a round
+  train_block = train.make_train_block(config, meshes, between=driver.between_steps())
   for block in ...:
-    state_L, _ = train_block(state_L, block_L)   # sharded lookups: collectives across processes
-    state_L = driver.at_boundary(step, state_L, n)   # merges a round that is done; at the agreed step, dispatches one
-    driver.next_due(step)                        # the agreed step of the next round: the loop ends a block there
-  state_L = driver.finish(state_L)               # merges the round in flight
+    carry = driver.block_carry(step, n)          # the sync state and where this block's rounds fall
+    state_L, _, carry = train_block(state_L, block_L, steps_L, carry)
+    driver.after_block(carry)
+    driver.at_boundary(step + n, state_L, n)     # times the blocks: the pace in steps
+  state_L = driver.finish(state_L)               # a last round on the final params
 
-Why not a thread (`shadow.ShadowSync`): a device runs the programs given to it in the order they were given, so
-the processes' collectives pair up only if every process dispatches them in the same order (docs/design.md §3). A thread
-dispatching rounds beside a training loop dispatching collective steps would slip its rounds between different
-steps on different processes, and the two programs would wait for each other's partners forever. Here the one
-thread that dispatches steps also dispatches the rounds, after the same step on every process:
+Why here, and not in a thread (`shadow.ShadowSync`, which runs one where processes step apart): a device runs the
+programs given to it one after the other. In one process a round joins the process's own devices only, and runs
+between two blocks whoever dispatches it; no peer can keep it waiting, so a thread buys nothing there and costs
+what a round of its own costs: a program per round, a copy for the thread to read, and a boundary to hand it over
+and one to merge it, each of which the loop had to cut a block for (at the default config's 8 replicas a boundary
+cost the 2 cores as much as a step, and the blocks of 16 steps spaced rounds too far for EA's NE). In a job whose
+steps are collectives (sharded lookups) the processes' collectives pair up only if every process issues them in the
+same order (docs/design.md §3): a thread's rounds between different steps on different processes would wait for each
+other's partners forever.
 
-- round n is dispatched after step s_n: a copy `s` of the synced params (the snapshot), and one program that
-  computes the synced `s'` and agrees on the next gap, the largest of every process's pace in steps (its
-  `pacing.Pacer` interval over its step time). The training thread goes on at once: the devices run the round
-  between steps s_n and s_n + 1, and the host dispatches the next steps meanwhile.
-- at every step boundary the loop merges a round whose results are ready, `w <- w + (s' - s)`, keeping the local
-  steps made since the snapshot;
-- round n + 1 goes after step s_{n+1} = s_n + g_{n-1}, the gap the round before agreed (known on every process by
-  then: round n - 1 was merged at s_n at the latest, waiting for it if it was not done, which then costs the
-  trainers that wait); the next round's sync state is round n's output, passed on without a wait.
-The devices run a round between two blocks, in the order dispatched, so the block after its dispatch and the block
-after its merge carry its cost and are timed as in the round (`pacing.BlockClock`); the loop ends a block one and
-two steps after every dispatch (`next_due`, the same steps on every process), so that a round's cost lands in short
-blocks and the rest of the gap is timed as between rounds. The pace comes from the same budget as the thread's
-(`sync.max_overhead`). The job's steps are lock-step already (every lookup is a collective), so every
-process reaches the same steps, and after the last step no round is dispatched: `finish` merges the one in flight.
+A round (docs/design.md §3) fused into a block: after the step where it is due, on each device, the block takes the
+synced params' snapshot, computes the round over the replicas (the algorithm's own collectives, `between_steps`)
+and lands it at once: no step ran beside it on these devices, so there are no local steps to keep (the merge
+`w <- w + (s' - s)` with `w = s`, a lag of 0 steps, `mean_merge_lag_steps`). The rounds fall at steps the host
+plans (`block_carry`): every `gap` steps from the first, whatever the blocks' lengths, so a fixed gap gives the same
+rounds, and the same bits, at every K.
+
+Pace: a round costs the trainers its device time, which `start` times (a round as a program of its own, which costs
+more than one inside a block: an upper bound) and `pacing.GapPacer` turns into a gap in steps for the budget
+(`max_overhead` of the steps' time, measured over the blocks), or `min_interval_s` seconds set by hand over the step
+time. Across processes (sharded) the gap is the job's, the largest of the processes' (a round carries each process's
+gap and agrees on the largest; the host plans with the agreement of a block already done, the same everywhere;
+until the first agreement, `FIRST_JOB_GAP`).
+After the last step `finish` syncs the final params once more, as the thread's last round does.
 """
 
-import functools
-import math
+import statistics
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax import lax
 import numpy as np
 
 from shadowsync_jax.parallel import replicas
@@ -50,22 +53,36 @@ from shadowsync_jax.sync import pacing
 from shadowsync_jax.sync import rounds
 
 PyTree = Any
-_SHORT_BLOCKS = 2  # Blocks of one step after each dispatch: a round's cost, and its merge's, lands in them.
+_NEVER = 2**30  # A block's first round beyond any block: none in it.
+FIRST_JOB_GAP = 16  # Steps between a job's rounds until its processes agreed on a gap (at its first round).
 
 
-class _InFlight:
-  """A dispatched round: its snapshot, its (not yet ready) results, and when it went."""
+class Carry(NamedTuple):
+  """What a block with fused rounds takes and returns, per device: the sync state; steps from the block's start to
+  its first round (a round after the step that brings the block to it) and from one round to the next; this
+  process's gap, and (out) the job's, the largest any process proposed at the block's last round."""
 
-  def __init__(self, snapshot_L, synced_R, sync_state_R, agreed_gap, step: int):
-    self.snapshot_L, self.synced_R, self.sync_state_R, self.agreed_gap = snapshot_L, synced_R, sync_state_R, agreed_gap
-    self.step, self.dispatched_s = step, time.perf_counter()
+  sync_state: PyTree
+  first: jax.Array
+  gap: jax.Array
+  proposed_gap: jax.Array
+  agreed_gap: jax.Array
 
-  def ready(self) -> bool:
-    return all(leaf.is_ready() for leaf in jax.tree.leaves((self.synced_R, self.agreed_gap)))
+
+def _varying_like(new: PyTree, old: PyTree) -> PyTree:
+  """`new` typed per device as `old` is (a replica mean is the same on every device, which `shard_map` types apart
+  from a per-device value; `lax.cond`'s two branches must agree)."""
+
+  def like(n, o):
+    missing = tuple(set(jax.typeof(o).manual_axis_type.varying) - set(jax.typeof(n).manual_axis_type.varying))
+    return lax.pcast(n, missing, to='varying') if missing else n
+
+  return jax.tree.map(like, new, old)
 
 
 class ScheduledShadowSync:
-  """`shadow_*` for jobs whose steps are collectives: rounds dispatched by the training thread (module docstring)."""
+  """`shadow_*` where one program runs at a time for the whole job: rounds fused into the blocks (module
+  docstring)."""
 
   def __init__(
     self,
@@ -77,134 +94,175 @@ class ScheduledShadowSync:
     max_overhead: float = 0.05,
     tables: consensus.Tables = consensus.REPLICATED,
     first_round_after: int = 1,
+    pacer: pacing.GapPacer | None = None,
   ):
     """`first_round_after`: steps from the start to the first round (after the compiling step; after 'auto''s
-    probe, whose timed blocks a round's work would stretch: `block_plan.steps_until_chosen`)."""
-    self._name, self._meshes, self._groups, self._tables = name, meshes, groups, tables
+    probe, whose timed blocks a round's work would stretch: `block_plan.steps_until_chosen`); `pacer`: in place of
+    the one `min_interval_s` and `max_overhead` make (a test's fixed gap)."""
+    self._algorithm, self._name, self._meshes, self._groups, self._tables = algorithm, name, meshes, groups, tables
     self._first_round_after = first_round_after
-    self._pacer = pacing.Pacer(max_overhead, None if min_interval_s == 'auto' else float(min_interval_s))
-    self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job)
-    self._round_R = _round_program(self._sync_R, meshes.job)
+    fixed_interval_s = None if min_interval_s == 'auto' else float(min_interval_s)
+    self._pacer = pacer or pacing.GapPacer(max_overhead, fixed_interval_s)
+    self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job, donate=True)
+    self._several = meshes.job is not meshes.local
     self._num_local = meshes.local.shape[replicas.REPLICA_AXIS]
-    self._sync_state_R = None  # The newest round's output (maybe not computed yet): the next round's input.
-    self._merged_sync_state_R = None  # That of the last merged round: what matches the params (safe to save).
-    self._in_flight: _InFlight | None = None
+    self._sync_state_R = None  # The newest block's (maybe not computed yet): what matches the params.
     self._next_round_step: int | None = None
-    self._agreed_gap: int | None = None
-    self._clock = pacing.BlockClock(self._pacer, tail_blocks=1)
-    self._dispatched_at: int | None = None  # The step after which the last round was dispatched.
+    self._gap = 1  # Steps between the rounds the host plans: this process's pace, or the job's agreed one.
+    self._agreed_L: jax.Array | None = None  # The gap the last block's rounds agreed on (0: none), not read yet.
+    self._clock = pacing.BlockClock(self._pacer)
     self._gaps = rounds.GapTracker()
+    self._placed: dict[tuple[int, ...], jax.Array] = {}
 
   def initial_sync_state(self, state_L: Any) -> PyTree:
     return self._init_R(replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes))
 
-  def start(self, state_L: Any, sync_state_R: PyTree) -> None:
-    """Compiles the copy, the round and the merge (not among the timed steps); the first round goes
-    `first_round_after` steps from here."""
+  def start(self, state_L: Any, sync_state_R: PyTree, first_round_after: int | None = None) -> None:
+    """Times a round (`CALIBRATION_ROUNDS`, on a copy of the params: not among the timed steps); the first round
+    goes `first_round_after` steps from here (the constructor's, unless given: `studies.shadow_overhead` starts each
+    timed window at a random phase of the gap)."""
+    if first_round_after is not None:
+      self._first_round_after = first_round_after
     synced_L = rounds.select(state_L.params, self._groups)
-    rounds.copy.lower(synced_L).compile()
-    self._round_R.lower(replicas.to_job(synced_L, self._meshes), sync_state_R, self._gap_array(1)).compile()
-    rounds.merge.lower(synced_L, synced_L, synced_L).compile()
-    self._sync_state_R = self._merged_sync_state_R = sync_state_R
+    self._pacer.observe_round_cost(self._time_a_round(synced_L, sync_state_R))
+    self._sync_state_R = sync_state_R
     first = int(state_L.step[0])
     self._gaps.reset(first)
-    self._next_round_step, self._in_flight, self._dispatched_at = first + self._first_round_after, None, None
+    self._next_round_step, self._agreed_L = first + self._first_round_after, None
+    self._first_timed_step = self._next_round_step
+    # Across processes, until a round agreed on one, a gap every process plans with alike.
+    self._gap = FIRST_JOB_GAP if self._several else self._pacer.gap_steps()
     self._clock.reset()
 
-  def sync_state(self) -> PyTree:
-    return self._merged_sync_state_R
+  def _time_a_round(self, synced_L: PyTree, sync_state_R: PyTree) -> float:
+    """The device time of a round as a program of its own, the median of `CALIBRATION_ROUNDS` after a warm-up (the
+    first compiles it), each on a fresh copy of the params and the state (the round donates them). Every process of
+    the job times the same rounds (they are collectives)."""
+    seconds = []
+    for _ in range(pacing.CALIBRATION_ROUNDS + 1):
+      params_R, state_R = rounds.copy((replicas.to_job(synced_L, self._meshes), sync_state_R))
+      jax.block_until_ready((params_R, state_R))
+      started = time.perf_counter()
+      jax.block_until_ready(self._sync_R(params_R, state_R))
+      seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds[1:])
 
-  def next_due(self, step: int) -> int | None:
-    """The next round's step; before it, the boundaries one and two steps after the last dispatch (module
-    docstring). Every process computes the same steps."""
-    after = [] if self._dispatched_at is None else [self._dispatched_at + n for n in range(1, _SHORT_BLOCKS + 1)]
-    due = [at for at in (*after, self._next_round_step) if at > step]
-    return min(due) if due else None
+  def sync_state(self) -> PyTree:
+    return self._sync_state_R
+
+  def settled(self, state_L: Any) -> tuple[Any, PyTree]:
+    return state_L, self._sync_state_R  # A round lands whole inside its block.
+
+  def next_due(self, step: int) -> None:
+    return None  # Rounds fall inside blocks: no boundary is needed.
+
+  def between_steps(self):
+    """The rounds, per device, after a block's step k (module docstring)."""
+    algorithm, groups = self._algorithm, self._groups
+    several = self._several
+
+    def between(k, state, carry: Carry):
+      done = k + 1  # Steps of the block done.
+      due = (done >= carry.first) & ((done - carry.first) % carry.gap == 0)
+
+      def round_(args):
+        state, carry = args
+        synced_before = rounds.select(state.params, groups)
+        synced, sync_state = algorithm.sync(synced_before, carry.sync_state)
+        agreed = lax.pmax(carry.proposed_gap, replicas.REPLICA_AXIS) if several else carry.proposed_gap
+        new_carry = carry._replace(sync_state=sync_state, agreed_gap=agreed)
+        synced, new_carry = _varying_like((synced, new_carry), (synced_before, carry))
+        return state._replace(params=rounds.with_synced(state.params, synced)), new_carry
+
+      return lax.cond(due, round_, lambda args: args, (state, carry))
+
+    return between
+
+  def block_carry(self, step: int | None, steps: int) -> Carry:
+    """The carry of the block of `steps` steps from `step` (None: a block of no step, which compiles), with this
+    process's copies of the sync state; plans (and counts) the rounds that fall in it."""
+    first = _NEVER
+    if step is not None and self._next_round_step <= step + steps:
+      first = self._next_round_step - step
+      at = self._next_round_step
+      while at <= step + steps:
+        self._gaps.merged(at, 0.0)
+        at += self._gap
+      self._next_round_step = at
+    return Carry(
+      sync_state=replicas.to_local(self._sync_state_R, self._meshes),
+      first=self._on_devices(first),
+      gap=self._on_devices(self._gap),
+      proposed_gap=self._on_devices(self._pacer.gap_steps()),
+      agreed_gap=self._on_devices(0),
+    )
+
+  def after_block(self, carry: Carry) -> None:
+    """The block's outputs: the sync state after its rounds; the gap of the rounds to plan next: this process's
+    pace, or across processes the one they agreed on, read a block on (done by then, the same on every
+    process)."""
+    self._sync_state_R = replicas.to_job(carry.sync_state, self._meshes)
+    if not self._several:
+      self._gap = self._pacer.gap_steps()
+      return
+    if self._agreed_L is not None:
+      self._gap = int(np.max(jax.device_get(self._agreed_L))) or self._gap  # 0: no round in that block agreed.
+    self._agreed_L = carry.agreed_gap
+
+  def before_block(self, step: int, state_L: Any) -> Any:
+    return state_L  # The rounds are in the blocks.
 
   def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
-    # Only the blocks after a touch carry a round.
-    self._clock.boundary(time.perf_counter(), steps, False, waited, paused_s)
-    due = step >= self._next_round_step
-    if self._in_flight is not None and (due or self._in_flight.ready()):
-      state_L = self._merge(state_L, step)  # When the next round is due, it waits for this one: its gap is needed.
-    if due:
-      state_L = self._dispatch(state_L, step)
+    """Times the blocks from the first round's step on ('auto''s probe blocks, a step or eight each, would count
+    their dispatches as steps)."""
+    if step <= self._first_timed_step:
+      self._clock.reset()
+    else:
+      self._clock.boundary(time.perf_counter(), steps, waited, paused_s)
     return state_L
 
   def loop_work(self, seconds: float) -> None:
-    """As `shadow.ShadowSync.loop_work`: an interval that carries a save or a write is left out of the pace."""
+    """An interval that carries the loop's own work (a save, a write) longer than a step is left out of the step
+    time."""
     step_s = self._pacer.step_time_s()
     if step_s is not None and seconds > step_s:
       self._clock.skip()
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
-    """Merges the round in flight (none is dispatched after the last step); `abandon` drops it."""
+    """One last round on the final params (no step comes after it); `abandon` (the run is failing): none."""
     self._clock.skip()
-    if self._in_flight is not None and not abandon:
-      state_L = self._merge(state_L, step=None)
-    self._in_flight = None
-    return state_L
+    if abandon:
+      return state_L
+    started = time.perf_counter()
+    synced_R, self._sync_state_R = self._sync_R(
+      replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes), self._sync_state_R
+    )
+    synced_L = replicas.to_local(synced_R, self._meshes)
+    self._gaps.merged(None, time.perf_counter() - started)
+    return state_L._replace(params=rounds.with_synced(state_L.params, synced_L))
 
   def consensus_rule(self) -> consensus.Rule:
     return consensus.Rule(self._name, self._groups, self._tables)
 
   def consensus(self, params_L: PyTree) -> PyTree:
-    return consensus.materialize(self.consensus_rule(), params_L, self._merged_sync_state_R, self._meshes)
+    return consensus.materialize(self.consensus_rule(), params_L, self._sync_state_R, self._meshes)
 
   def stats(self) -> dict[str, Any]:
-    """The rounds and sync gaps, this process's pace (`pacing.Pacer.stats`), and sync_job_gap_steps: the gap the
-    processes agreed on at the last round."""
-    return {**self._gaps.stats(), **self._pacer.stats(), 'sync_job_gap_steps': self._agreed_gap}
+    """The rounds and sync gaps, the pace (`pacing.GapPacer.stats`), sync_gap_steps: the gap the rounds follow (the
+    job's), and mean_merge_lag_steps: 0, a round lands at the step it was taken."""
+    return {
+      **self._gaps.stats(),
+      **self._pacer.stats(),
+      'sync_gap_steps': self._gap if self._several else self._pacer.gap_steps(),
+      'mean_merge_lag_steps': 0.0 if self._gaps.gaps else None,
+      'mean_merge_lag_s': 0.0 if self._gaps.gaps else None,
+    }
 
-  def _dispatch(self, state_L: Any, step: int) -> Any:
-    snapshot_L = rounds.copy(rounds.select(state_L.params, self._groups))
-    synced_R, self._sync_state_R, agreed_gap = self._round_R(
-      replicas.to_job(snapshot_L, self._meshes), self._sync_state_R, self._gap_array(self._my_gap_steps())
-    )
-    self._in_flight = _InFlight(snapshot_L, synced_R, self._sync_state_R, agreed_gap, step)
-    self._next_round_step = step + (self._agreed_gap or 1)  # The gap the last round agreed on: known everywhere.
-    self._dispatched_at = step
-    self._clock.touched()
-    return state_L
-
-  def _merge(self, state_L: Any, step: int | None) -> Any:
-    round_ = self._in_flight
-    self._agreed_gap = int(replicas.fetch(round_.agreed_gap))  # Waits for the round if it is not done.
-    latency_s = time.perf_counter() - round_.dispatched_s
-    synced_L = replicas.to_local(round_.synced_R, self._meshes)
-    merged = rounds.merge(rounds.select(state_L.params, self._groups), round_.snapshot_L, synced_L)
-    state_L = state_L._replace(params=rounds.with_synced(state_L.params, merged))
-    self._merged_sync_state_R = round_.sync_state_R
-    self._gaps.merged(step, latency_s)
-    if step is not None:
-      self._pacer.observe_round(latency_s)
-    self._in_flight = None
-    self._clock.touched()
-    return state_L
-
-  def _my_gap_steps(self) -> int:
-    """This process's pace in steps: its interval over its step time between rounds; until that step time is known,
-    room for the round's steps and enough steps between rounds to measure it."""
-    step_s = self._pacer.step_time_s()
-    if step_s is None:
-      return _SHORT_BLOCKS + pacing.MIN_STEPS_MEASURED + 1
-    return max(_SHORT_BLOCKS + 1, math.ceil(self._pacer.interval_s() / step_s))
-
-  def _gap_array(self, gap_steps: int) -> jax.Array:
-    """This process's gap on each of its devices, as its part of a job-wide [R] array."""
-    local = np.full((self._num_local,), gap_steps, np.int32)
-    if self._meshes.job is self._meshes.local:
-      return replicas.shard(local, self._meshes.local)
-    return jax.make_array_from_process_local_data(replicas.replica_sharding(self._meshes.job), local)
-
-
-def _round_program(sync_R, mesh):
-  """One program: the round over the job's replicas, and the largest of the processes' gaps, whole on every device."""
-  job_max = functools.partial(jnp.max, axis=0)
-
-  def round_and_agreement(synced_R, sync_state_R, gaps_R):
-    new_synced_R, new_sync_state_R = sync_R(synced_R, sync_state_R)
-    return new_synced_R, new_sync_state_R, job_max(gaps_R)
-
-  spec = replicas.replica_sharding(mesh)
-  return jax.jit(round_and_agreement, out_shardings=(spec, spec, NamedSharding(mesh, P())))
+  def _on_devices(self, value: int) -> jax.Array:
+    """`value` on each of this process's devices ([L] int32), placed once per value."""
+    key = (value,)
+    if key not in self._placed:
+      if len(self._placed) > 64:
+        self._placed.clear()
+      self._placed[key] = replicas.shard(np.full((self._num_local,), value, np.int32), self._meshes.local)
+    return self._placed[key]

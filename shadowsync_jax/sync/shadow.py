@@ -1,52 +1,53 @@
-"""ShadowSync (Zheng et al. 2020, arXiv:2003.03477): sync rounds in a background thread, off the training path.
+"""ShadowSync (Zheng et al. 2020, arXiv:2003.03477) across processes: sync rounds in a background thread, off the
+training path, the replicas of the job meeting on the host.
 
   driver = ShadowSync(algorithm, 'ma', meshes, groups=('mlp',), min_interval_s='auto', max_overhead=0.05)
-  driver.start(state_L, driver.initial_sync_state(state_L))   # starts the thread
+  driver.start(state_L, driver.initial_sync_state(state_L))   # times a round, starts the thread
   for block in ...:
+    state_L = driver.before_block(step, state_L)   # lands a finished round, hands a wanted snapshot over
     state_L, _ = train_block(state_L, block_L)   # n steps, no cross-replica collective in there
-    state_L = driver.at_boundary(step, state_L, n)   # never waits for a round
+    driver.at_boundary(step + n, state_L, n)     # times the blocks; raises the thread's error
     driver.loop_work(seconds)                    # the loop's own work (writes, saves): a long one is not a step's
-    driver.next_due(step)                        # a boundary soon enough for a round to be handed over or merged
   state_L = driver.finish(state_L)               # last rounds with every process, then joins the thread
 
-A round: the thread asks for a snapshot; at its next block boundary the training loop dispatches a copy `s` of the
-synced params (a copy, so donating the params to the next block cannot delete what the thread reads) and hands it
-over; the thread computes the synced `s'` (its collectives are the only ones) and posts `(s, s')`; at the next
-boundary after that, the loop merges `w <- w + (s' - s)`, keeping the local steps made while the round ran. An
-exception in the thread is re-raised by `at_boundary` at the first boundary after it happened. The loop dispatches
-blocks of steps (docs/design.md §13); so that a round waits for a boundary no more than a small part of its pace, the
-driver asks for a boundary every `FRESHNESS` of its interval (`next_due`).
+Where the job's processes step apart (`drivers.make_driver`; one process, and jobs whose steps are collectives,
+fuse their rounds into the blocks: `scheduled`). A round (docs/design.md §3, `algorithms.met_rounds`): the thread
+asks for a snapshot; at its next block boundary, before the next block, the training loop dispatches one program
+that lands the round's lead on the live params (each replica's own part of the round: EA's pull, BMUF's momentum
+step), keeps a copy `s` of the params as they were, and sums this process's replicas' contributions to the round
+(what the algorithm averages); the thread reads that sum and meets every process's (`distributed.VectorAgreement`,
+through the coordination service: no collective, so no device waits for a peer) and posts the job's mean; at the
+next boundary after that, a second program lands the rest of the round, `s' - s - lead`, into the live params,
+keeping the local steps made meanwhile. A boundary hands a snapshot over only once the round before has landed, so a
+snapshot holds every earlier round. An exception in the thread is re-raised at the first boundary after it happened.
 
-Pace: a round starts no sooner than `min_interval_s` after the last one started. With 'auto' the interval is paced
-(`pacing.Pacer`): the training thread times every step, those a round ran beside and those between rounds, and
-spaces the rounds so that they cost the trainers at most `max_overhead` of their throughput; the thread waits for the
-interval as it stands while it waits. `stats()` reports the pace and what it came from.
+Pace: a round starts no sooner than `min_interval_s` after the last one started. With 'auto' the interval is the
+round's device time (its two programs, timed by `start` on copies) over the budget, `max_overhead` of the trainers'
+throughput (`pacing.GapPacer`). `stats()` reports the pace and what it came from, and how late rounds land
+(`mean_merge_lag_steps`, `mean_round_latency_s`).
 
-Several processes: each runs one such thread, and the threads are the only issuers of cross-process collectives
-(docs/design.md §3), one round after the other, so round n of every process meets round n of the others. A process whose
-stream is done keeps serving snapshots from `finish` until every process is done: each round first agrees on
-whether all processes have finished, and all threads stop after that same round. The same agreement takes the
-longest of the processes' paces, and every thread waits that long from the agreement, which they all leave
-together: the processes come to the next round at about the same moment. (Each waiting its own pace, the one with
-the shorter pace waited for the other inside the round, for seconds at a time, and counted the steps it made
-meanwhile as the round's: its measured cost grew and with it its pace, and the rounds got rare.) The agreement goes
-through the coordination service, not a collective, and comes before the snapshot is asked for: a process that
-waits there for a late peer has handed nothing over and its devices train meanwhile, timed as between rounds. (As a
-collective it held the process's devices while it waited, and the blocks queued behind it: seconds of training lost
-a round, which the pace did not see as the round's.) For the same reason the round's collective is dispatched only
-once every process has its snapshot (a second meeting through the service): dispatched at once, it held a process's
-devices until its peer's next boundary, a block later or a straggler's slow step after. The first round waits for
-the process's training to be under way, so that no round's collective waits for a peer's compile. Checkpoints
-need no pause: every process saves its own part, with no collective (`recovery.checkpointing`).
+Several processes: each runs one such thread, one round after the other, so round n of every process meets round
+n of the others. A process whose stream is done keeps serving snapshots from `finish` until every process is done:
+each round first agrees on whether all processes have finished, and all threads stop after that same round. The
+same agreement takes the longest of the processes' paces, and every thread waits that long from the agreement,
+which they all leave together: the processes come to the next round at about the same moment. The first round waits
+for the process's training to be under way. Checkpoints need no pause: every process saves its own part, with no
+collective (`recovery.checkpointing`), a round in flight left out of it whole (`settled`).
+
+(Before, a round was a collective of the job's devices, dispatched by this thread: it waited on a process's devices,
+and the blocks queued behind it, for its peer's, up to a block, or a straggler's slow block; a 2 x 4 job measured
+0.13-0.15 s a round and paced them 4-5 s apart.)
 """
 
 from collections.abc import Callable
 import queue
+import statistics
 import threading
 import time
 from typing import Any
 
 import jax
+import numpy as np
 
 from shadowsync_jax.parallel import distributed
 from shadowsync_jax.parallel import replicas
@@ -58,7 +59,6 @@ from shadowsync_jax.sync import rounds
 PyTree = Any
 _POLL_S = 0.05  # How often a waiting thread checks whether it was asked to stop.
 _ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
-FRESHNESS = 0.25  # A boundary comes at least every this share of the pace: a round waits no longer for one.
 
 
 def _round_agreement(meshes: replicas.ReplicaMeshes):
@@ -79,15 +79,14 @@ def _round_agreement(meshes: replicas.ReplicaMeshes):
   return agree
 
 
-def _handover_rendezvous(meshes: replicas.ReplicaMeshes):
-  """`all_handed_over(stopped) -> bool`: returns once every process has its round's snapshot (False if `stopped()`
-  became true first), through the coordination service. The round's collective runs on the devices the training
-  blocks run on: dispatched before a peer had its snapshot, it held this process's devices, and every block queued
-  behind it, until the peer's next boundary (a block later, or a straggler's slow step)."""
+def _sums_meeting(meshes: replicas.ReplicaMeshes):
+  """`meet(vector, stopped) -> vectors`: every process's sums of a round, through the coordination service
+  (`distributed.VectorAgreement`; in one process, its own). No collective of the job: a process whose peer is late
+  waits on the host, and its devices go on training (a round's collective held them, and every block queued behind
+  it, until the peer's came: 0.13-0.15 s a round in a 2 x 4 job, paced 4-5 s apart)."""
   if meshes.job is meshes.local:
-    return lambda stopped: True
-  agreement = distributed.Agreement('shadow_handovers')
-  return lambda stopped: agreement(True, stopped) is not None
+    return lambda vector, stopped: [vector]
+  return distributed.VectorAgreement('shadow_sums')
 
 
 class ShadowSync:
@@ -111,15 +110,21 @@ class ShadowSync:
     self._name, self._meshes, self._groups, self._tables = name, meshes, groups, tables
     self._first_round_after = first_round_after
     self._first_snapshot_step = first_round_after
-    self._pacer = pacing.Pacer(max_overhead, None if min_interval_s == 'auto' else float(min_interval_s))
+    self._pacer = pacing.GapPacer(max_overhead, None if min_interval_s == 'auto' else float(min_interval_s))
     self._interval_s = self._pacer.interval_s()  # Written by the training thread, read by the shadow thread.
     self._clock = pacing.BlockClock(self._pacer)
     self._in_flight = False  # A snapshot was handed over and its round not merged yet.
     self._snapshot_step: int | None = None  # The boundary that handed it over (None: after the last step).
-    self._merge_lags: list[int] = []  # Steps trained between a round's snapshot and its merge.
-    self._init_R, self._sync_R = algorithms.stacked(algorithm, meshes.job)
+    self._merge_lags: list[int] = []  # Steps trained between a round's snapshot and its merge,
+    self._merge_lags_s: list[float] = []  # and seconds.
+    self._handed_over_at = 0.0
+    self._init_R, _ = algorithms.stacked(algorithm, meshes.job)
+    self._hand_over_L, self._land_L, self._take_back_L = algorithms.met_rounds(algorithm, meshes.local)
+    self._num_replicas = meshes.job.shape[replicas.REPLICA_AXIS]
+    # (snapshot, the sync state it started from) of a round handed over, not landed yet: its lead has landed.
+    self._handed_over: tuple[PyTree, PyTree] | None = None
     self._agree = _round_agreement(meshes)
-    self._all_handed_over = _handover_rendezvous(meshes)
+    self._meet = _sums_meeting(meshes)
     self._job_interval_s: float | None = None  # The longest pace of the processes, agreed at the last round.
     self._sync_state_R = None  # That of the last merged round; the thread runs ahead on its own copy.
     self._snapshot_wanted = threading.Event()
@@ -146,6 +151,7 @@ class ShadowSync:
       raise ValueError(f'first_round_after_s={first_round_after_s} must be >= 0.')
     self._first_round_after_s = first_round_after_s
     self._compile_rounds(state_L, sync_state_R)
+    self._pacer.observe_round_cost(self._time_a_round(state_L, sync_state_R))
     self._sync_state_R = sync_state_R
     self._gaps.reset(int(state_L.step[0]))
     self._first_snapshot_step = int(state_L.step[0]) + self._first_round_after
@@ -156,7 +162,6 @@ class ShadowSync:
     self._snapshot_wanted.clear()
     self._training.clear()
     self._thread = threading.Thread(target=self._run, name='shadow-sync', daemon=True)
-    replicas.reserve_collectives(self._thread)  # Until finish: the thread is the only issuer of collectives.
     self._thread.start()
 
   def _compile_rounds(self, state_L: Any, sync_state_R: PyTree) -> None:
@@ -168,41 +173,50 @@ class ShadowSync:
     if self._compiled:
       return
     synced_L = rounds.select(state_L.params, self._groups)
-    rounds.copy.lower(synced_L).compile()
-    self._sync_R.lower(replicas.to_job(synced_L, self._meshes), sync_state_R).compile()
-    rounds.merge.lower(synced_L, synced_L, synced_L).compile()
+    sync_state_L = replicas.to_local(sync_state_R, self._meshes)
+    self._hand_over_L.lower(synced_L, sync_state_L).compile()
+    local_sum = jax.eval_shape(self._hand_over_L, synced_L, sync_state_L)[2]
+    self._land_L.lower(synced_L, synced_L, sync_state_L, local_sum).compile()
+    self._take_back_L.lower(synced_L, synced_L, sync_state_L).compile()
     self._compiled = True
 
-  def next_due(self, step: int) -> int | None:
-    """A boundary within `FRESHNESS` of the pace the rounds follow (the job's: the longest of the processes' at the
-    last agreement, or this process's own if longer); until a step time is known, every
-    `pacing.MIN_STEPS_MEASURED` steps (blocks short enough that some fall between rounds, so that the pace gets
-    measured at all); never before the first step that may hand over a snapshot: 'auto''s probe is not cut (cut to
-    `MIN_STEPS_MEASURED`, its longer blocks timed short, and their fit chose K = 1).
+  def _time_a_round(self, state_L: Any, sync_state_R: PyTree) -> float:
+    """What a round costs the trainers: the device time of its two programs (the hand-over and the landing), the
+    median of `CALIBRATION_ROUNDS` after a warm-up, on copies of the params (nothing of this process's run changes;
+    the sums meet no peer)."""
+    synced_L = rounds.select(state_L.params, self._groups)
+    sync_state_L = replicas.to_local(sync_state_R, self._meshes)
+    seconds = []
+    for _ in range(pacing.CALIBRATION_ROUNDS + 1):
+      params_L = rounds.copy(synced_L)
+      jax.block_until_ready(params_L)
+      started = time.perf_counter()
+      led_L, snapshot_L, local_sum = self._hand_over_L(params_L, sync_state_L)
+      jax.block_until_ready(self._land_L(led_L, snapshot_L, sync_state_L, local_sum))
+      seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds[1:])
 
-    A pace of 0 set by hand (`min_interval_s=0`: rounds as fast as they go) asks for a boundary every step. An
-    'auto' pace of 0 is one not measured yet (no round merged, or none left in the pacer's memory): no boundary is
-    asked for then, and a round waits at most a block for one. (Cut to every step, a process whose first rounds
-    waited seconds for a peer still compiling ran those seconds one step a dispatch: 2.3-5.7 s of a 2 x 4 job's
-    ~15 s of training, 0.79-0.87 of `none`'s examples/sec.)"""
-    step_s = self._pacer.step_time_s()
-    pace_s = max(self._job_interval_s or 0.0, self._interval_s)
-    if step_s is None:
-      due = step + pacing.MIN_STEPS_MEASURED
-    elif pace_s == 0 and self._pacer.fixed_interval_s is None:
-      return self._first_snapshot_step if self._first_snapshot_step > step else None
-    else:
-      due = step + max(1, int(FRESHNESS * pace_s / step_s))
-    return max(due, self._first_snapshot_step)
+  def next_due(self, step: int) -> int | None:
+    """The first step that may hand over a snapshot (after 'auto''s probe, which a round would stretch and whose
+    choice of K it would skew); after it, none: a round waits at most a block for a boundary to hand over at, and one
+    to land at (cut short for it, blocks cost the 2 cores a step each at the default config's 8 replicas)."""
+    return self._first_snapshot_step if self._first_snapshot_step > step else None
+
+  def between_steps(self) -> None:
+    return None  # The thread's rounds are programs of their own.
+
+  def before_block(self, step: int, state_L: Any) -> Any:
+    """Before the block from `step`: raise the thread's error, merge a finished round, hand over a wanted
+    snapshot."""
+    self._raise_if_failed()
+    return self._step_boundary(state_L, step)
 
   def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
-    """After a block of `steps` steps: raise the thread's error, time the steps for the pace, merge a finished
-    round, hand over a wanted snapshot."""
+    """After dispatching a block of `steps` steps: raise the thread's error, time the steps for the pace."""
     self._raise_if_failed()
-    self._clock.boundary(time.perf_counter(), steps, self._in_flight, waited, paused_s)
+    self._clock.boundary(time.perf_counter(), steps, waited, paused_s)
     if step >= self._first_snapshot_step:
       self._training.set()
-    state_L = self._step_boundary(state_L, step)
     self._interval_s = self._pacer.interval_s()
     return state_L
 
@@ -226,19 +240,17 @@ class ShadowSync:
     self._clock.skip()  # What comes before the next step (a save, the end) is no step time.
     if self._thread is None:
       return state_L
-    if abandon:  # The thread may be stuck in a collective with a dead process: wait a little, not forever.
+    if abandon:  # The thread may be waiting for a dead process: wait a little, not forever.
       self._stop.set()
       self._thread.join(timeout=_ABANDON_JOIN_S)
-      replicas.reserve_collectives(None)
+      state_L, _ = self.settled(state_L)  # The round in flight dropped whole: its lead too.
+      self._handed_over = None
       return state_L
     self._done.set()
-    try:
-      while self._thread.is_alive():
-        self._raise_if_failed()
-        state_L = self._step_boundary(state_L, step=None)
-        self._thread.join(timeout=_POLL_S)
-    finally:
-      replicas.reserve_collectives(None)
+    while self._thread.is_alive():
+      self._raise_if_failed()
+      state_L = self._step_boundary(state_L, step=None)
+      self._thread.join(timeout=_POLL_S)
     self._raise_if_failed()
     return self._step_boundary(state_L, step=None)
 
@@ -249,12 +261,13 @@ class ShadowSync:
     return consensus.materialize(self.consensus_rule(), params_L, self._sync_state_R, self._meshes)
 
   def stats(self) -> dict[str, Any]:
-    """The rounds and sync gaps (`rounds.GapTracker`), this process's pace (`pacing.Pacer.stats`),
+    """The rounds and sync gaps (`rounds.GapTracker`), this process's pace (`pacing.GapPacer.stats`),
     sync_job_interval_s: the pace the processes agreed on at the last round (the longest of theirs), and
-    mean_merge_lag_steps: the steps trained between a round's snapshot and its merge, how stale a round is when it
-    lands (the local steps `w + (s' - s)` keeps; under blocks, a block or more)."""
-    lags = self._merge_lags
+    mean_merge_lag_steps and mean_merge_lag_s: the steps trained, and the seconds, between a round's hand-over and
+    its landing, how stale a round is when it lands (the local steps `w + (s' - s)` keeps; a block or more)."""
+    lags, lags_s = self._merge_lags, self._merge_lags_s
     return {
+      'mean_merge_lag_s': sum(lags_s) / len(lags_s) if lags_s else None,
       **self._gaps.stats(),
       **self._pacer.stats(),
       'sync_job_interval_s': self._job_interval_s,
@@ -262,8 +275,17 @@ class ShadowSync:
     }
 
   def sync_state(self) -> PyTree:
-    """The sync state of the last merged round, so it matches the params `at_boundary` returned (safe to save)."""
+    """The sync state of the last merged round."""
     return self._sync_state_R
+
+  def settled(self, state_L: Any) -> tuple[Any, PyTree]:
+    """With a round in flight, the params without its lead (new buffers), and the last merged round's sync state:
+    the round is not in the pair at all (its late part is not computed yet)."""
+    if self._handed_over is None:
+      return state_L, self._sync_state_R
+    snapshot_L, sync_state_L = self._handed_over
+    unled = self._take_back_L(rounds.select(state_L.params, self._groups), snapshot_L, sync_state_L)
+    return state_L._replace(params=rounds.with_synced(state_L.params, unled)), self._sync_state_R
 
   def wait_for_rounds(self, rounds: int, step_boundary, timeout_s: float = 60.0) -> None:
     """Test helper: calls `step_boundary()` until `rounds` rounds were merged (or raises TimeoutError)."""
@@ -281,30 +303,36 @@ class ShadowSync:
     """Merges a finished round (a sync gap unless `step` is None: after training), then hands over a wanted
     snapshot."""
     try:
-      snapshot_L, synced_L, sync_state_R, latency_s = self._results.get_nowait()
+      job_mean, latency_s = self._results.get_nowait()
     except queue.Empty:
       pass
     else:
-      synced_groups = rounds.merge(rounds.select(state_L.params, self._groups), snapshot_L, synced_L)
-      state_L = state_L._replace(params=rounds.with_synced(state_L.params, synced_groups))
-      self._sync_state_R = sync_state_R
+      snapshot_L, sync_state_L = self._handed_over
+      synced_L, sync_state_L = self._land_L(
+        rounds.select(state_L.params, self._groups), snapshot_L, sync_state_L, job_mean
+      )
+      state_L = state_L._replace(params=rounds.with_synced(state_L.params, synced_L))
+      self._sync_state_R = replicas.to_job(sync_state_L, self._meshes)
+      self._handed_over = None
       self._gaps.merged(step, latency_s)
       if step is not None and self._snapshot_step is not None:
         self._merge_lags.append(step - self._snapshot_step)
+        self._merge_lags_s.append(time.perf_counter() - self._handed_over_at)
       self._in_flight = False
-      self._clock.touched()
-      if step is not None:
-        self._pacer.observe_round(latency_s)
-    if self._snapshot_wanted.is_set() and (step is None or step >= self._first_snapshot_step):
+
+    first_done = step is None or step >= self._first_snapshot_step
+    if self._snapshot_wanted.is_set() and first_done and not self._in_flight:
       self._snapshot_wanted.clear()
-      self._snapshots.put(rounds.copy(rounds.select(state_L.params, self._groups)))
-      self._snapshot_step = step
+      sync_state_L = replicas.to_local(self._sync_state_R, self._meshes)
+      led_L, snapshot_L, local_sum = self._hand_over_L(rounds.select(state_L.params, self._groups), sync_state_L)
+      state_L = state_L._replace(params=rounds.with_synced(state_L.params, led_L))  # The round's lead, landed.
+      self._handed_over = (snapshot_L, sync_state_L)
+      self._snapshots.put(local_sum)
+      self._snapshot_step, self._handed_over_at = step, time.perf_counter()
       self._in_flight = True
-      self._clock.touched()
     return state_L
 
   def _run(self) -> None:
-    sync_state_R = self._sync_state_R
     try:
       # The first round waits for this process's training to be under way (past its compiling block and 'auto''s
       # probe): its agreement then finds every process training, and its collective waits for no peer's compile.
@@ -319,14 +347,12 @@ class ShadowSync:
           return
         all_done, self._job_interval_s = agreed
         round_start = time.monotonic()  # The same moment on every process: they all leave the agreement together.
-        snapshot_L = self._next_snapshot()
-        if snapshot_L is None or not self._all_handed_over(self._stop.is_set):
+        local_sum = self._next_snapshot()
+        if local_sum is None:
           return
         started = time.perf_counter()
-        synced_R, sync_state_R = self._sync_R(replicas.to_job(snapshot_L, self._meshes), sync_state_R)
-        synced_L = replicas.to_local(synced_R, self._meshes)
-        jax.block_until_ready(synced_L)
-        if not self._put_result((snapshot_L, synced_L, sync_state_R, time.perf_counter() - started)) or all_done:
+        job_mean = self._job_mean(local_sum)
+        if job_mean is None or not self._put_result((job_mean, time.perf_counter() - started)) or all_done:
           return
         self._wait_for_the_next_round(round_start)
     except BaseException as error:  # pylint: disable=broad-except  (handed to the training thread as it is)
@@ -347,6 +373,22 @@ class ShadowSync:
       if left_s <= 0:
         return
       self._stop.wait(min(left_s, _POLL_S))
+
+  def _job_mean(self, local_sum: PyTree) -> PyTree | None:
+    """The mean over the job's replicas of their contributions, from this process's sum (read from its devices) and
+    every other process's, met on the host (None if stopped while a peer was awaited): the same bits on every
+    process, summed in process order."""
+    leaves, treedef = jax.tree.flatten(jax.device_get(local_sum))
+    sums = self._meet(np.concatenate([np.ravel(leaf) for leaf in leaves]), self._stop.is_set)
+    if sums is None:
+      return None
+    total = sums[0].copy()
+    for vector in sums[1:]:
+      total += vector
+    mean = total / np.float32(self._num_replicas)
+    offsets = np.cumsum([0] + [leaf.size for leaf in leaves])
+    pieces = [mean[a:b].reshape(leaf.shape) for leaf, a, b in zip(leaves, offsets[:-1], offsets[1:])]
+    return jax.tree.unflatten(treedef, pieces)
 
   def _next_snapshot(self) -> PyTree | None:
     self._snapshot_wanted.set()

@@ -86,6 +86,31 @@ def test_shadow_ea_across_two_processes_ends_with_one_model(tmp_path):
   assert re.search(r'^\[p0\] eval NE', output, re.M) and not re.search(r'^\[p1\] eval NE', output, re.M)
 
 
+@pytest.mark.parametrize('algorithm', ['none', 'fr_bmuf'])
+def test_a_job_trains_the_same_bits_whatever_k(tmp_path, algorithm):
+  """2 processes x 2 replicas (`none`: one block in flight, nothing waits for it; `fr_bmuf` every 6 steps: a round
+  of the job's replicas at those boundaries), the default program (full blocks of static length) at K = 4 and 8:
+  the same model."""
+  fingerprints = {}
+  for steps_per_dispatch in (4, 8):
+    workdir = tmp_path / str(steps_per_dispatch)
+    code, output = _launch(
+      workdir,
+      '--config.num_replicas=4',
+      f'--config.sync.algorithm={algorithm}',
+      '--config.sync.every_k_steps=6',
+      '--config.data.num_train_examples=16384',
+      '--config.train.all_steps_program=true',
+      f'--config.train.steps_per_dispatch={steps_per_dispatch}',
+    )
+    assert code == 0, output
+    summary = _summary(workdir)
+    assert summary['steps_per_dispatch'] == steps_per_dispatch and summary['train_steps'] == 32
+    fingerprints[steps_per_dispatch] = summary['consensus_fingerprint_per_process']
+    assert len(set(fingerprints[steps_per_dispatch])) == 1
+  assert fingerprints[4] == fingerprints[8]
+
+
 def test_sync_sgd_across_two_processes_equals_one_process_and_resumes(tmp_path):
   """4 replicas as 2 processes x 2 are the same sync SGD run as 4 replicas in one process; stopped and resumed on
   the same process count, it still is. The resumed run checkpoints every so many seconds: the processes turn them
@@ -157,7 +182,7 @@ def test_shadow_rounds_beside_sharded_lookups_across_two_processes(tmp_path):
   )
   assert code == 0, output
   summary = _summary(tmp_path)
-  assert summary['sync_rounds'] >= 3 and summary['sync_job_gap_steps'] >= 1, summary
+  assert summary['sync_rounds'] >= 3 and summary['sync_gap_steps'] >= 1, summary
   fingerprints = summary['consensus_fingerprint_per_process']
   assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1], fingerprints
   assert summary['eval_ne'] < 1.0

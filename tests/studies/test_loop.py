@@ -51,11 +51,11 @@ def test_the_jobs_step_alone_sums_its_processes_run_at_once_and_its_row_says_wha
   )
 
 
-def test_a_job_is_timed_with_shadow_ma_and_with_none_in_turn_each_at_the_k_it_chose(monkeypatch, tmp_path):
-  """Each repeat runs the `shadow_ma` job then the `none` job (so that each pair ran minutes apart), each (a) at the
-  K and the algorithm of its own (b); a row each, 'job' and 'job_none'."""
+def test_a_job_is_timed_with_each_algorithm_in_turn_each_at_the_k_it_chose(monkeypatch, tmp_path):
+  """Each repeat runs the `shadow_ma` job, the `none` job, then the other shadow algorithms' (so that each pair ran
+  minutes apart), each (a) at the K and the algorithm of its own (b); a row each, 'job' and 'job_ALGORITHM'."""
   order, commands = [], []
-  ks = {'shadow_ma': 8, 'none': 16}
+  ks = {'shadow_ma': 8, 'none': 16, 'shadow_ea': 8, 'shadow_bmuf': 32}
 
   def fake_loop(algorithm, num_train_examples, workdir):
     order.append(algorithm)
@@ -74,11 +74,11 @@ def test_a_job_is_timed_with_shadow_ma_and_with_none_in_turn_each_at_the_k_it_ch
   monkeypatch.setattr(loop, 'time_job_loop', fake_loop)
   monkeypatch.setattr(loop, 'time_job_step_alone', fake_step_alone)
   rows = loop.run_job(2, 1000, tmp_path, ['python', '-m', 'benchmarks.loop'])
-  assert order == ['shadow_ma', 'none', 'shadow_ma', 'none']
+  assert order == ['shadow_ma', 'none', 'shadow_ea', 'shadow_bmuf'] * 2
   assert commands[1][-3:] == ['--process_step_alone=100', '--process_k=16', '--process_algorithm=none']
-  assert sorted(rows) == ['job', 'job_none']
+  assert sorted(rows) == ['job', 'job_none', 'job_shadow_bmuf', 'job_shadow_ea']
   assert rows['job']['algorithm'] == 'shadow_ma' and rows['job_none']['config'].endswith('replicas, none')
-  assert [r['steps_per_dispatch'] for r in rows['job_none']['runs']] == [16, 16]
+  assert [r['steps_per_dispatch'] for r in rows['job_shadow_bmuf']['runs']] == [32, 32]
   assert rows['job']['loop_share_median'] == 0.9
   table = loop.table(rows).splitlines()
-  assert table[-2].startswith('| default, 2 x 4 replicas, shadow_ma | 256 | 8 |') and ', none |' in table[-1]
+  assert table[-4].startswith('| default, 2 x 4 replicas, shadow_ma | 256 | 8 |') and ', none |' in table[-3]

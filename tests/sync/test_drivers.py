@@ -20,7 +20,7 @@ from shadowsync_jax.sync import algorithms as sync_algorithms
 from shadowsync_jax.sync import drivers as sync_drivers
 from shadowsync_jax.sync import foreground
 from shadowsync_jax.sync import rounds
-from shadowsync_jax.sync import shadow as shadow_sync
+from shadowsync_jax.sync import scheduled
 
 COLLECTIVE = re.compile(r'all-reduce|all-gather|collective-permute|all-to-all|reduce-scatter')
 
@@ -47,7 +47,7 @@ def test_foreground_ma_rounds_every_k_steps_on_the_live_params(num_replicas, gro
   state = _fake_state(want, mesh)
   driver.start(state, driver.initial_sync_state(state))
   for step in range(1, num_steps + 1):
-    state = driver.at_boundary(step, fake_training.step(state, delta_R), 1)
+    state = driver.before_block(step, fake_training.step(state, delta_R))  # The round due at this boundary.
     want = jax.tree.map(np.add, want, delta)
     if step % every_k == 0:
       for group in groups:
@@ -95,7 +95,7 @@ def test_foreground_resumes_from_the_given_step_and_sync_state():
   )
   delta_R = replicas.shard(delta, mesh)
   for step in range(101, 110):
-    state = driver.at_boundary(step, fake_training.step(state, delta_R), 1)
+    state = driver.before_block(step, fake_training.step(state, delta_R))  # The round due at this boundary.
     want = jax.tree.map(np.add, want, delta)
     if step % 4 == 0:
       diff = jax.tree.map(lambda w, c: alpha * (w - c), want['mlp'], center['mlp'])
@@ -128,7 +128,7 @@ def test_foreground_ea_keeps_its_center_across_rounds():
   driver.start(state, driver.initial_sync_state(state))
   delta_R = replicas.shard(delta, mesh)
   for step in range(1, 7):
-    state = driver.at_boundary(step, fake_training.step(state, delta_R), 1)
+    state = driver.before_block(step, fake_training.step(state, delta_R))  # The round due at this boundary.
     want = jax.tree.map(np.add, want, delta)
     if step % 2 == 0:
       diff = jax.tree.map(lambda w, c: alpha * (w - c), want, center)
@@ -161,7 +161,7 @@ def _config(algorithm: str, num_replicas: int = 4, **sync):
     ('sync_sgd', foreground.NoSync, None),
     ('fr_ma', foreground.ForegroundSync, ('mlp', 'embedding')),
     ('fr_bmuf', foreground.ForegroundSync, ('mlp', 'embedding')),
-    ('shadow_ea', shadow_sync.ShadowSync, ('mlp', 'embedding')),
+    ('shadow_ea', scheduled.ScheduledShadowSync, ('mlp', 'embedding')),  # One process: rounds between blocks.
   ],
 )
 def test_make_driver_picks_the_driver_of_the_algorithm(algorithm, driver_type, groups):
@@ -182,13 +182,14 @@ def test_make_driver_dense_only_and_its_settings():
   assert pacer.fixed_interval_s is None and pacer.max_overhead == 0.2  # min_interval_s='auto', the default.
 
 
-def test_a_shadow_threads_first_round_waits_for_the_probe_of_the_k_it_runs():
-  """'auto' probes (then the first snapshot waits 28 steps) for `shadow_ma`, not for `shadow_ea` ('auto' runs it at
-  one step a dispatch, `config_lib.steps_per_dispatch`), nor under a K the config names, nor mid-run."""
+def test_the_first_shadow_round_waits_for_the_probe_of_the_k_it_runs():
+  """'auto' probes (then the first round waits 28 steps) for every shadow algorithm (each runs blocks of the K it
+  chooses), not under a K the config names, nor mid-run."""
   meshes = replicas.make_meshes(4)
   for algorithm, steps_per_dispatch, first_round_after in (
     ('shadow_ma', 'auto', 28),
-    ('shadow_ea', 'auto', 1),
+    ('shadow_ea', 'auto', 28),
+    ('shadow_bmuf', 'auto', 28),
     ('shadow_ma', 16, 1),
   ):
     config = _config(algorithm)

@@ -1,6 +1,7 @@
-"""ShadowSync beside sharded lookups (`scheduled.ScheduledShadowSync`): the training thread dispatches the rounds
-between collective steps; the rounds' math is the thread's (merge `w + s' - s`, the sync state carried from round to
-round); across processes: tests/parallel/test_multiprocess.py."""
+"""Shadow rounds that the training thread dispatches between its blocks (`scheduled.ScheduledShadowSync`): one
+process, and jobs whose steps are collectives (sharded tables; across processes: tests/parallel/test_multiprocess.py).
+A round is fused into the blocks, at the step planned for it whatever the blocks, and lands whole; the pace follows
+the round's measured cost."""
 
 import jax
 import numpy as np
@@ -8,86 +9,121 @@ import pytest
 
 from experiments.configs import default
 from shadowsync_jax import train
+from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.parallel import replicas
+from shadowsync_jax.sync import algorithms
 from shadowsync_jax.sync import drivers
+from shadowsync_jax.sync import foreground
+from shadowsync_jax.sync import pacing
 from shadowsync_jax.sync import scheduled
 
+ALL = ('mlp', 'embedding')
 
-def _config(algorithm: str):
+
+def _config(algorithm: str, placement: str = 'sharded'):
   config = default.get_config('tiny')
   config.num_replicas, config.sync.algorithm = 4, algorithm
-  config.sync.embedding_placement = 'sharded'
+  config.sync.embedding_placement = placement
   config.data.num_train_examples = 32_768
   return config
 
 
-def test_sharded_shadow_algorithms_get_the_scheduled_driver_syncing_the_dense_part():
+@pytest.mark.parametrize('placement, groups', [('sharded', ('mlp',)), ('replicated', ALL)])
+def test_shadow_algorithms_in_one_process_and_sharded_get_the_scheduled_driver(placement, groups):
   meshes = replicas.make_meshes(4)
-  driver = drivers.make_driver(_config('shadow_bmuf'), meshes)
+  driver = drivers.make_driver(_config('shadow_bmuf', placement), meshes)
   assert isinstance(driver, scheduled.ScheduledShadowSync)
-  assert driver.consensus_rule().groups == ('mlp',)  # sync.what='all': a sharded table is not R copies.
+  assert driver.consensus_rule().groups == groups  # sync.what='all': a sharded table is not R copies.
 
 
-@pytest.mark.parametrize('algorithm', ['shadow_ma', 'shadow_ea'])
-def test_scheduled_rounds_train_and_merge(tmp_path, algorithm):
-  summary = train.train_and_evaluate(_config(algorithm), tmp_path)
-  assert summary['sync_rounds'] >= 3 and summary['sync_job_gap_steps'] >= 1, summary
+@pytest.mark.parametrize('algorithm', ['shadow_ma', 'shadow_ea', 'shadow_bmuf'])
+@pytest.mark.parametrize('placement', ['sharded', 'replicated'])
+def test_scheduled_rounds_train_and_land_at_once(tmp_path, algorithm, placement):
+  summary = train.train_and_evaluate(_config(algorithm, placement), tmp_path)
+  assert summary['sync_rounds'] >= 3 and summary['sync_gap_steps'] >= 1, summary
   assert summary['mean_sync_gap'] >= 1 and summary['max_sync_gap'] <= 64
+  assert summary['mean_merge_lag_steps'] == 0 and summary['sync_round_cost_s'] > 0, summary
   assert summary['eval_ne'] < 0.97  # Trained: the initial model is about 1.0.
 
 
-def test_a_round_merges_its_synced_dense_params_and_keeps_the_local_steps():
-  """Model averaging on a fake loop (every replica's MLP moves by r + 1 a step): right after each merge, the replicas
-  differ from their mean only by the local steps made since the round's snapshot."""
-  config = _config('shadow_ma')
-  config.sync.min_interval_s = 0.0
-  meshes = replicas.make_meshes(4)
-  state = train.init_replicated_state(config, meshes)
-  driver = drivers.make_driver(config, meshes)
-  driver.start(state, driver.initial_sync_state(state))
-  delta = jax.tree.map(
-    lambda x: np.ones(x.shape, x.dtype) * np.arange(1, 5).reshape(-1, *[1] * (x.ndim - 1)),
-    jax.device_get(state.params['mlp']),
-  )
-  merges = []
-  for step in range(1, 40):
-    params = {**state.params, 'mlp': jax.tree.map(lambda w, d: w + d, state.params['mlp'], delta)}
-    state = state._replace(params=params)
-    rounds_before = driver.stats()['sync_rounds']
-    state = driver.at_boundary(step, state, 1)
-    if driver.stats()['sync_rounds'] > rounds_before:
-      merges.append(jax.device_get(state.params['mlp']))
-  state = driver.finish(state)
-  assert len(merges) >= 3
-  for merged in merges:
-    kernel = merged['bottom']['Dense_0']['kernel']
-    spread = kernel - kernel.mean(axis=0)
-    steps_since_snapshot = spread[3, 0, 0] / (4 - 2.5)  # Replica r moved r + 1 a step; the mean moved 2.5.
-    expected = np.arange(-1.5, 2.5).reshape(-1, 1, 1) * steps_since_snapshot
-    np.testing.assert_allclose(spread, np.broadcast_to(expected, spread.shape), atol=1e-3)
-    assert round(steps_since_snapshot) >= 1  # The steps made beside the round were kept, not averaged away.
+class _FixedGap(pacing.GapPacer):
+  """Rounds every `gap` steps, whatever they cost."""
+
+  def __init__(self, gap: int):
+    super().__init__(max_overhead=0.05)
+    self._gap = gap
+
+  def gap_steps(self) -> int:
+    return self._gap
 
 
-def test_under_blocks_the_steps_between_rounds_are_timed():
-  """The loop dispatches blocks of up to K steps, cut at the driver's `next_due`. A round runs on the devices between
-  two blocks, so the block after its dispatch (and after its merge) carries it; the driver ends blocks one and two
-  steps after every dispatch, so the rest of each gap is timed as between rounds and the pace gets measured. (With a
-  block of a whole gap after every dispatch, no step fell between rounds and the gap stayed at its fallback.)"""
-  config = _config('shadow_ma')
+def _blocks_with_fused_rounds(name: str, blocks: list[int], block_steps: int, gap: int = 5):
+  """Trains the tiny model on 4 replicas for `blocks` (steps each) with `name`'s rounds fused every `gap` steps from
+  step `gap`; returns (params, sync state, the driver's stats) on the host."""
+  config = _config(f'shadow_{name}', 'replicated')
   meshes = replicas.make_meshes(4)
+  algorithm = algorithms.make(name, replicas.REPLICA_AXIS, 4, -1.0, -1.0, 1.0)
+  driver = scheduled.ScheduledShadowSync(algorithm, name, meshes, ALL, first_round_after=gap, pacer=_FixedGap(gap))
   state = train.init_replicated_state(config, meshes)
-  driver = drivers.make_driver(config, meshes)
   driver.start(state, driver.initial_sync_state(state))
-  step, blocks = 0, []
-  while step < 200:
-    due = driver.next_due(step)
-    steps = min(16, due - step) if due is not None else 16
+  train_block = train.make_train_block(config, meshes, driver.between_steps())
+  source, _ = input_pipeline.make_sources(config.data, config.seed)
+  step = 0
+  for steps in blocks:
+    block = input_pipeline.read_block(source, 4, config.batch_size, step, steps, block_steps)
+    steps_L = replicas.shard(np.full(4, steps, np.int32), meshes.local)
+    carry = driver.block_carry(step, steps)
+    state, _, carry = train_block(state, replicas.shard(block, meshes.local), steps_L, carry)
+    driver.after_block(carry)
     step += steps
-    blocks.append(steps)
-    state = driver.at_boundary(step, state, steps)
-  driver.finish(state)
-  assert driver.stats()['step_time_s'] is not None, blocks
-  assert driver.stats()['sync_rounds'] >= 3 and blocks.count(1) >= 6, blocks
+  return jax.device_get(state.params), jax.device_get(driver.sync_state()), driver.stats()
+
+
+def _blocks_with_foreground_rounds(name: str, num_steps: int, gap: int = 5):
+  """The same steps in blocks of `gap`, each followed by a foreground round (`fr_<name>`)."""
+  config = _config(f'fr_{name}', 'replicated')
+  meshes = replicas.make_meshes(4)
+  algorithm = algorithms.make(name, replicas.REPLICA_AXIS, 4, -1.0, -1.0, 1.0)
+  driver = foreground.ForegroundSync(algorithm, name, meshes, ALL, every_k_steps=gap)
+  state = train.init_replicated_state(config, meshes)
+  driver.start(state, driver.initial_sync_state(state))
+  train_block = train.make_train_block(config, meshes)
+  source, _ = input_pipeline.make_sources(config.data, config.seed)
+  for step in range(0, num_steps, gap):
+    block = input_pipeline.read_block(source, 4, config.batch_size, step, gap, gap)
+    steps_L = replicas.shard(np.full(4, gap, np.int32), meshes.local)
+    state, _ = train_block(state, replicas.shard(block, meshes.local), steps_L)
+    state = driver.before_block(step + gap, state)
+  return jax.device_get(state.params), jax.device_get(driver.sync_state())
+
+
+@pytest.mark.parametrize('name', ['ma', 'ea', 'bmuf'])
+def test_fused_rounds_land_at_their_steps_whatever_the_blocks(name):
+  """Rounds fused into blocks every 5 steps: blocks of 3, 4, 6, 2, 5 and blocks of 5 train the same bits, and the
+  same model (to float reassociation) as a foreground round after every 5 steps: a fused round is the round, at the
+  step it was planned for, landed whole."""
+  cut, cut_sync, cut_stats = _blocks_with_fused_rounds(name, [3, 4, 6, 2, 5], block_steps=6)
+  even, even_sync, _ = _blocks_with_fused_rounds(name, [5, 5, 5, 5], block_steps=5)
+  jax.tree.map(np.testing.assert_array_equal, (cut, cut_sync), (even, even_sync))
+  assert cut_stats['sync_rounds'] == 4 and cut_stats['mean_sync_gap'] == 5 and cut_stats['mean_merge_lag_steps'] == 0
+  foreground_params, foreground_sync = _blocks_with_foreground_rounds(name, 20)
+  close = lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  jax.tree.map(close, (cut, cut_sync), (foreground_params, foreground_sync))
+
+
+def test_the_gap_is_the_measured_cost_over_the_budget_in_steps():
+  """`start` times a round; with a step time known, the gap is the round's cost over `max_overhead` of a step."""
+  config = _config('shadow_ma', 'replicated')
+  meshes = replicas.make_meshes(4)
+  state = train.init_replicated_state(config, meshes)
+  driver = drivers.make_driver(config, meshes)
+  driver.start(state, driver.initial_sync_state(state))
+  cost_s = driver.stats()['sync_round_cost_s']
+  assert 0 < cost_s < 1.0
+  pacer = driver._pacer  # pylint: disable=protected-access
+  for _ in range(10):
+    pacer.observe_steps(0.02, 4)  # 5 ms a step.
+  assert driver.stats()['sync_gap_steps'] == max(1, int(np.ceil(cost_s / 0.05 / pacer.step_time_s())))
 
 
 @pytest.mark.parametrize('steps_per_dispatch, first_round', [('auto', 28), (4, 1)])
@@ -101,4 +137,7 @@ def test_the_first_round_waits_for_autos_probe(steps_per_dispatch, first_round):
   state = train.init_replicated_state(config, meshes)
   driver = drivers.make_driver(config, meshes)
   driver.start(state, driver.initial_sync_state(state))
-  assert driver.next_due(0) == first_round
+  driver.block_carry(0, first_round - 1)
+  assert driver.stats()['sync_rounds'] == 0
+  driver.block_carry(first_round - 1, 1)  # The block that brings the run to `first_round` ends with its first round.
+  assert driver.stats()['sync_rounds'] == 1

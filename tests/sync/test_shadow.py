@@ -1,9 +1,9 @@
 """ShadowSync (docs/design.md §3): the merge rule, a loop that never waits, errors, shutdown, donation, no leaks.
 
 Most tests drive the real driver with a fake train step that adds a known per-replica delta to the params, so the
-params at every step boundary are known exactly. A round is held or observed by wrapping the driver's jitted
-`_sync_R` in Python (device code cannot wait on a Python event): the wrapper records the snapshot `s` the round
-received and the synced `s'` it returned, and holds the round until the test releases it. Nothing here sleeps to
+params at every step boundary are known exactly. A round is held or observed by wrapping the driver's `_meet` (where
+the thread meets every process's sums, on the host): the wrapper records the snapshot `s` handed over and the synced
+`s'` the algorithm makes of it, and holds the round until the test releases it. Nothing here sleeps to
 pass; tests wait on events with generous timeouts, and every loop that could hang has a deadline.
 """
 
@@ -28,7 +28,7 @@ from shadowsync_jax.model import embedding
 from shadowsync_jax.model import step as step_lib
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms as sync_algorithms
-from shadowsync_jax.sync import pacing
+from shadowsync_jax.sync import rounds as sync_rounds
 from shadowsync_jax.sync import shadow as shadow_sync
 
 TIMEOUT_S = 60.0  # Only reached when something is broken (a hang); healthy runs take well under a second.
@@ -48,7 +48,8 @@ class Loop:
   def advance(self) -> None:
     self.state = fake_training.donating_step(self.state, self._delta_R)
     self.step += 1
-    self.state = self.driver.at_boundary(self.step, self.state, 1)
+    self.driver.at_boundary(self.step, self.state, 1)
+    self.state = self.driver.before_block(self.step, self.state)  # Merges, hand-overs: before the next step.
     jax.block_until_ready(self.state.step)  # Keeps the dispatch queue short, as train.py's loss read-back does.
 
   def advance_until(self, condition: Callable[[], bool], what: str) -> None:
@@ -73,33 +74,34 @@ class Loop:
 
 
 class HeldRounds:
-  """Stands in for a driver's `_sync_R`: records each round, and holds it until `release` (fails it if `fail`)."""
+  """Stands in for a driver's `_meet` (where a round's sums meet every process's): records each round, and holds it
+  until `release` (fails it if `fail`). A round's snapshot and its synced params are recorded as the algorithm's
+  round (`algorithms.stacked`) makes them from the snapshot handed over."""
 
-  def __init__(self, sync_R, fail: BaseException | None = None):
-    self._sync_R, self._fail = sync_R, fail
+  def __init__(self, driver, algorithm, fail: BaseException | None = None):
+    self._driver, self._meet, self._fail = driver, driver._meet, fail  # pylint: disable=protected-access
+    self._sync_R = sync_algorithms.stacked(algorithm, replicas.make_mesh(driver._num_replicas))[1]  # pylint: disable=protected-access
     self.entered, self.release = threading.Event(), threading.Event()
     self.rounds = []  # (snapshot s, synced s', sync state after the round), as numpy
 
-  def __call__(self, snapshot_R, sync_state_R):
-    snapshot = jax.tree.map(np.asarray, snapshot_R)
+  def __call__(self, vector, stopped):
+    snapshot_L, sync_state_L = self._driver._handed_over  # pylint: disable=protected-access
     self.entered.set()
     if not self.release.wait(TIMEOUT_S):
       raise TimeoutError('the test never released the round')
     if self._fail is not None:
       raise self._fail
-    synced_R, sync_state_R = self._sync_R(snapshot_R, sync_state_R)
-    self.rounds.append((snapshot, jax.tree.map(np.asarray, synced_R), jax.tree.map(np.asarray, sync_state_R)))
-    return synced_R, sync_state_R
-
-  def lower(self, *args):  # The driver compiles the round ahead, when it starts.
-    return self._sync_R.lower(*args)
+    synced, sync_state = self._sync_R(sync_rounds.copy(snapshot_L), sync_state_L)
+    as_numpy = lambda tree: jax.tree.map(np.asarray, tree)
+    self.rounds.append((as_numpy(snapshot_L), as_numpy(synced), as_numpy(sync_state)))
+    return self._meet(vector, stopped)
 
 
 @contextlib.contextmanager
 def _holding_rounds(driver, monkeypatch, fail: BaseException | None = None):
   """Installs `HeldRounds` on `driver`; on exit releases it, so a failing test leaves no thread waiting."""
-  held = HeldRounds(driver._sync_R, fail)  # pylint: disable=protected-access
-  monkeypatch.setattr(driver, '_sync_R', held)
+  held = HeldRounds(driver, driver._algorithm_for_tests, fail)  # pylint: disable=protected-access
+  monkeypatch.setattr(driver, '_meet', held)
   try:
     yield held
   finally:
@@ -111,7 +113,9 @@ def _driver(name: str, num_replicas: int, groups=ALL, min_interval_s=0.0, algori
     name, replicas.REPLICA_AXIS, num_replicas, elastic_alpha=0.1, block_momentum=-1.0, block_lr=1.0
   )
   meshes = replicas.make_meshes(num_replicas)
-  return shadow_sync.ShadowSync(algorithm, name, meshes, groups, min_interval_s, first_round_after=first_round_after)
+  driver = shadow_sync.ShadowSync(algorithm, name, meshes, groups, min_interval_s, first_round_after=first_round_after)
+  driver._algorithm_for_tests = algorithm  # pylint: disable=protected-access  (`HeldRounds` replays its rounds)
+  return driver
 
 
 def _start(loop: Loop, **start_kwargs) -> threading.Thread:
@@ -168,7 +172,10 @@ def test_merge_keeps_the_local_steps_made_during_the_round(monkeypatch, name, nu
   want = loop.unsynced(merge_step)
   for group in groups:
     want[group] = jax.tree.map(lambda w, s, s_new: w + (s_new - s), want[group], snapshot[group], synced[group])
-  _assert_tree_close(loop.state.params, want, f'params right after the merge at step {merge_step}')
+  # Settled: a lead the next round landed at this boundary (EA's pull) taken back out; the merged round whole.
+  _assert_tree_close(
+    loop.driver.settled(loop.state)[0].params, want, f'params right after the merge at step {merge_step}'
+  )
   assert loop.driver.stats()['sync_rounds'] == 1
   assert loop.driver.stats()['max_sync_gap'] == merge_step
   assert loop.driver.stats()['mean_merge_lag_steps'] == merge_step - snapshot_step
@@ -203,10 +210,11 @@ class SyncFailed(RuntimeError):
 
 def _failing_model_averaging() -> sync_algorithms.SyncAlgorithm:
 
-  def sync(params, sync_state):
+  def finish(params, sync_state, mean):
     raise SyncFailed('round 1 of model averaging failed on purpose')
 
-  return sync_algorithms.SyncAlgorithm(sync_algorithms.model_averaging(replicas.REPLICA_AXIS).init, sync)
+  ma = sync_algorithms.model_averaging(replicas.REPLICA_AXIS)
+  return ma._replace(sync=lambda params, state: finish(params, state, params), finish=finish)
 
 
 def test_a_round_that_cannot_compile_fails_start_in_the_training_thread():
@@ -311,9 +319,8 @@ def test_shadow_ea_conserves_replicas_plus_center():
   center_0 = jax.tree.map(lambda x: x.mean(axis=0), loop.initial)
 
   def assert_conserved(what):
-    got = jax.tree.map(
-      lambda w, c: np.asarray(w).sum(axis=0) + np.asarray(c)[0], loop.state.params, loop.driver.sync_state().center
-    )
+    state, sync_state = loop.driver.settled(loop.state)  # A round in flight has landed its pull, not its center.
+    got = jax.tree.map(lambda w, c: np.asarray(w).sum(axis=0) + np.asarray(c)[0], state.params, sync_state.center)
     want = jax.tree.map(lambda w, c: w.sum(axis=0) + c, loop.unsynced(loop.step), center_0)
     _assert_tree_close(got, want, what)
 
@@ -355,7 +362,8 @@ def test_shadow_sync_with_the_real_donating_train_step():
     state_R, pending_loss, losses = state, None, []
     for step in range(1, num_steps + 1):
       state_R, metrics = train_step(state_R, batches[step % len(batches)])
-      state_R = driver.at_boundary(step, state_R, 1)
+      driver.at_boundary(step, state_R, 1)
+      state_R = driver.before_block(step, state_R)
       if pending_loss is not None:  # As train.py: reading step N-1's loss keeps the dispatch queue one step deep.
         losses.append(float(np.mean(pending_loss)))
       pending_loss = metrics['loss']
@@ -414,45 +422,32 @@ def test_min_interval_bounds_the_round_rate():
   assert 2 <= rounds <= math.floor(elapsed_s / interval_s) + 1, (rounds, elapsed_s)
 
 
-def test_only_the_shadow_thread_may_issue_job_wide_collectives():
-  """docs/design.md §3's hard rule: from start to finish the thread owns the collectives; the consensus (a collective)
-  called from the training thread meanwhile raises instead of mismatching partners across processes."""
+def test_the_thread_issues_no_collective():
+  """docs/design.md §3: one thread a process issues the job's collectives. The shadow thread issues none (its rounds
+  meet on the host), so the training thread keeps them: the consensus, a job-wide program, runs mid-run."""
   loop = Loop(_driver('ma', 4), 4)
   _start(loop)
-  loop.run(3)
-  with pytest.raises(replicas.CollectiveThreadError, match='shadow-sync'):
-    loop.driver.consensus(loop.state.params)
-  with pytest.raises(replicas.CollectiveThreadError):
-    replicas.job_mean(loop.state.params, replicas.make_meshes(4))
+  loop.wait_for_rounds(2)
+  state, sync_state = loop.driver.settled(loop.state)
+  consensus = replicas.fetch(loop.driver.consensus(state.params))
+  _assert_tree_close(consensus, jax.tree.map(lambda w: np.asarray(w).mean(axis=0), state.params), 'consensus')
+  assert sync_state == loop.driver.sync_state()
   loop.state = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
-  consensus = replicas.fetch(loop.driver.consensus(loop.state.params))  # After finish: the training thread's again.
-  _assert_tree_close(consensus, jax.tree.map(lambda w: np.asarray(w).mean(axis=0), loop.state.params), 'consensus')
 
 
-def test_steps_beside_a_round_and_between_rounds_are_timed_apart(monkeypatch):
-  """The pace comes from step times: those made while a round is in flight, and the two after it is merged (they
-  carry the merge), count as in the round; those while the thread waits for its next round count as between, and so
-  does the step dispatched just before the boundary that hands the snapshot over (the device runs it before the
-  copy). The time between two boundaries is the step dispatched before the first of them (one in flight)."""
-  monkeypatch.setattr(pacing, 'WARMUP_ROUNDS', 0)  # Keep the one round in the estimates, to look at it.
-  loop = Loop(_driver('ma', 4, min_interval_s=1000.0), 4)  # One round, then the thread waits.
-  with _holding_rounds(loop.driver, monkeypatch) as held:
-    _start(loop)
-    loop.advance()  # The thread asks for its first snapshot once training is under way: at the next boundary.
-    assert loop.driver._snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
-    loop.advance_until(held.entered.is_set, 'the first snapshot')
-    loop.run(10)
-  loop.wait_for_rounds(1)
-  loop.run(10)
-  pacer = loop.driver._pacer  # pylint: disable=protected-access
-  (first,) = pacer._rounds  # pylint: disable=protected-access
-  # Between: the step from the first boundary (the clock's start) to the hand-over's, and the one dispatched just
-  # before the hand-over's boundary.
-  assert first.in_round_steps >= 10 and first.between_steps == 2, first
-  since = pacer._open  # pylint: disable=protected-access
-  assert (since.in_round_steps, since.between_steps) == (3, 7), since
+def test_the_pace_is_the_timed_cost_of_a_round_over_the_budget():
+  """`start` times a round's two programs (on copies of the params): under 'auto' rounds start no closer than that
+  cost over `max_overhead`; a fixed interval is kept, and the cost still reported."""
+  loop = Loop(_driver('ma', 4, min_interval_s='auto'), 4)
+  _start(loop)
   stats = loop.driver.stats()
-  assert stats['sync_interval_s'] == 1000.0 and stats['step_time_s'] > 0 and stats['step_time_in_round_s'] > 0
+  assert 0 < stats['sync_round_cost_s'] < 1.0
+  assert stats['sync_interval_s'] == pytest.approx(stats['sync_round_cost_s'] / 0.05)
+  _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  fixed = Loop(_driver('ma', 4, min_interval_s=1000.0), 4)
+  _start(fixed)
+  assert fixed.driver.stats()['sync_interval_s'] == 1000.0 and fixed.driver.stats()['sync_round_cost_s'] > 0
+  _within(TIMEOUT_S, lambda: fixed.driver.finish(fixed.state))
 
 
 def test_finish_does_not_wait_out_the_pace():
@@ -474,6 +469,7 @@ def test_auto_paces_the_rounds_and_reports_the_pace():
   loop = Loop(_driver('ma', 4, min_interval_s='auto'), 4)
   _start(loop)
   loop.wait_for_rounds(4)
+  loop.advance_until(lambda: loop.driver.stats()['step_time_s'] is not None, 'steps timed between rounds')
   stats = loop.driver.stats()
   _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   assert stats['sync_interval_s'] > 0 and stats['step_time_s'] > 0, stats
@@ -524,8 +520,7 @@ def _wait_for(condition: Callable[[], bool]) -> None:
 
 
 def _steps_timed(driver) -> int:
-  pacer = driver._pacer  # pylint: disable=protected-access
-  return pacer._open.in_round_steps + pacer._open.between_steps  # pylint: disable=protected-access
+  return driver._pacer._steps_seen  # pylint: disable=protected-access
 
 
 def test_a_step_after_long_loop_work_is_left_out_of_the_pace(monkeypatch):
@@ -572,12 +567,9 @@ class LatePeer:
     return done, interval_s
 
 
-def test_a_wait_for_a_late_peer_is_no_rounds_cost(monkeypatch):
-  """Across processes a round begins with the processes agreeing. A process that waits there for a
-  late peer has handed over no snapshot: its steps meanwhile are timed as between rounds, not as the round's cost
-  (counted as its cost, one peer's stall of a second spaced this process's rounds seconds apart for the rest of a
-  run), and no snapshot is asked for until the peer has arrived."""
-  monkeypatch.setattr(pacing, 'WARMUP_ROUNDS', 0)
+def test_a_process_waiting_for_a_late_peer_hands_nothing_over(monkeypatch):
+  """Across processes a round begins with the processes agreeing. A process that waits there for a late peer has
+  asked for no snapshot: its steps go on, and nothing of a round is on its devices, until the peer has arrived."""
   loop = Loop(_driver('ma', 4, min_interval_s=0.0), 4)
   late = LatePeer()
   monkeypatch.setattr(loop.driver, '_agree', late)
@@ -587,42 +579,16 @@ def test_a_wait_for_a_late_peer_is_no_rounds_cost(monkeypatch):
     loop.advance_until(late.waiting.is_set, 'the second round waiting for the late peer')
     loop.run(10)
     assert not loop.driver._snapshot_wanted.is_set()  # pylint: disable=protected-access
-    waited = loop.driver._pacer._open  # pylint: disable=protected-access  (the steps since the first merge)
-    # In the round: the step dispatched before the merge's boundary (the round was in flight), the two after it.
-    assert waited.in_round_steps == 1 + pacing.TAIL_BLOCKS and waited.between_steps >= 10 - waited.in_round_steps
+    assert loop.driver._handed_over is None  # pylint: disable=protected-access
   finally:
     late.arrive.set()
   loop.wait_for_rounds(2)
   _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
 
 
-def test_a_boundary_comes_within_a_quarter_of_the_pace():
-  """The loop dispatches blocks of steps; the driver asks for a boundary every quarter of its interval (in steps of
-  the measured step time), so a snapshot or a merge waits no longer for one; before a step time is known, every few
-  steps, so that some blocks fall between rounds and the pace gets measured."""
-  driver = _driver('ma', 2, min_interval_s=1.0)
-  assert driver.next_due(100) == 100 + pacing.MIN_STEPS_MEASURED
-  driver._pacer.observe_steps(0.05, 50, in_round=False)  # 1 ms steps.
-  assert driver.next_due(100) == 100 + 250
-  fast = _driver('ma', 2, min_interval_s=0.0)  # Rounds as fast as they go: a boundary every step.
-  fast._pacer.observe_steps(0.05, 50, in_round=False)
-  assert fast.next_due(100) == 101
-
-
-def test_an_auto_pace_not_measured_yet_asks_for_no_boundary():
-  """'auto' before a round was measured (the first rounds waiting for a peer still compiling): its interval reads 0,
-  which is no pace to cut blocks for (cut to every step, a 2 x 4 job ran seconds one step a dispatch); once a round
-  is measured, a boundary every quarter of the pace."""
+def test_a_boundary_is_asked_for_only_at_the_first_step_that_may_hand_over():
+  """No block is cut for a round (a round waits at most a block to be handed over, and one to land), but the first
+  hand-over comes after 'auto''s probe, whose blocks it would stretch."""
   driver = _driver('ma', 2, min_interval_s='auto', first_round_after=30)
-  driver._pacer.observe_steps(0.05, 50, in_round=False)  # 1 ms steps, no round.
-  assert driver._pacer.interval_s() == 0.0
-  assert driver.next_due(10) == 30  # Never before the first step that may hand over a snapshot.
-  assert driver.next_due(100) is None
-  driver._pacer.observe_round(0.01)  # The warm-up round: left out of the pace; the steps after it are timed anew.
-  assert driver.next_due(100) == 100 + pacing.MIN_STEPS_MEASURED
-  driver._pacer.observe_steps(0.02, 10, in_round=True)  # A round that cost 10 ms over 10 steps.
-  driver._pacer.observe_steps(0.05, 50, in_round=False)
-  driver._pacer.observe_round(0.01)
-  driver._interval_s = driver._pacer.interval_s()  # What `at_boundary` sets.
-  assert driver._interval_s > 0
-  assert driver.next_due(100) == 100 + max(1, int(shadow_sync.FRESHNESS * driver._interval_s / 0.001))
+  assert driver.next_due(10) == 30
+  assert driver.next_due(30) is None and driver.next_due(100) is None
