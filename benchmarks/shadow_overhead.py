@@ -1,4 +1,4 @@
-r"""What the shadow thread costs the trainers: the sync study's examples/sec ratio, measured in paired windows.
+r"""What the shadow rounds cost the trainers: the sync study's examples/sec ratio, measured in paired windows.
 
   python -m benchmarks.shadow_overhead [--algorithms=shadow_ma,shadow_ea,shadow_bmuf] [--window_steps=150] \
       [--pairs=40] [--num_replicas=8] [--batch_size=256] [--min_interval_s=auto|SECONDS] [--max_overhead=0.05] \
@@ -20,7 +20,7 @@ flags.DEFINE_list('algorithms', ['shadow_ma', 'shadow_ea', 'shadow_bmuf'], 'Shad
 flags.DEFINE_string('min_interval_s', None, "sync.min_interval_s: seconds, or 'auto'; unset: the default ('auto').")
 flags.DEFINE_float('max_overhead', None, "sync.max_overhead ('auto' pace's budget); unset: the default (0.05).")
 flags.DEFINE_integer('window_steps', 150, 'Steps per window.')
-flags.DEFINE_integer('pairs', 40, 'Pairs of windows (one without the thread, one with it) per algorithm.')
+flags.DEFINE_integer('pairs', 40, 'Pairs of windows (one without the rounds, one with them) per algorithm.')
 flags.DEFINE_integer('num_replicas', 8, 'Replicas (virtual CPU devices on a CPU machine).')
 flags.DEFINE_integer('batch_size', None, 'Examples per replica per step; unset: the default (256).')
 flags.DEFINE_string('what', 'all', "What a round syncs: 'all' or 'dense'.")
@@ -54,7 +54,7 @@ def main(argv):
   table = shadow_overhead.table(rows)
   print(table)
   note = shadow_overhead.note(variant, base, settings, FLAGS.algorithms[0])
-  out = study_report.write(FLAGS.out, 'Shadow thread overhead', study_report.command_line(), table, rows, note=note)
+  out = study_report.write(FLAGS.out, 'Shadow rounds overhead', study_report.command_line(), table, rows, note=note)
   print(f'written to {pathlib.Path(out)}')
 
 

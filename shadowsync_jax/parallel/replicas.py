@@ -21,8 +21,8 @@ A sync round, sync SGD's step and the final consensus run on `meshes.job`; every
 one process the two meshes are one object and the conversions return their argument.
 
 Across processes, two threads issuing collectives pair calls with the wrong partners (docs/design.md §3). While a thread
-has reserved them (`reserve_collectives`: the shadow thread, from start to finish), the job-wide functions here and
-in the sync drivers raise CollectiveThreadError when called from any other thread.
+has reserved them (`reserve_collectives`: GBA's gradient-exchange thread, from start to finish), the job-wide
+functions here and in the sync drivers raise CollectiveThreadError when called from any other thread.
 """
 
 from collections.abc import Callable

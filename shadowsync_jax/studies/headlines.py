@@ -104,7 +104,7 @@ def _shadow_overhead(path: str) -> str:
   medians = [r['ratio_median'] for r in rows.values()]
   verdicts = {_verdict(r['ratio_median_low'], r['ratio_median_high'], TARGETS[path]) for r in rows.values()}
   return (
-    f"at the default pace the shadow thread leaves {min(medians):.3f}-{max(medians):.3f} of `none`'s examples/sec "
+    f"at the default pace the shadow rounds leave {min(medians):.3f}-{max(medians):.3f} of `none`'s examples/sec "
     f'(medians of paired windows in one run; target {TARGETS[path]:g}: {" / ".join(sorted(verdicts))})'
   )
 

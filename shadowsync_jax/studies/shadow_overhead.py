@@ -1,31 +1,29 @@
-"""What the shadow thread costs the trainers, measured in paired windows of one run.
+"""What the shadow rounds cost the trainers against `none`, measured in paired windows of one run.
 
   result = shadow_overhead.measure(config, window_steps=200, pairs=8)   # config.sync.algorithm = 'shadow_*'
-  result['ratio_median']   # examples/sec with the thread running / without it, median over the pairs
+  result['ratio_median']   # examples/sec with the rounds / without them (none's blocks), median over the pairs
 
   rows = shadow_overhead.run(default.get_config(), shadow_overhead.Settings(), ('shadow_ma', 'shadow_bmuf'))
   print(shadow_overhead.table(rows))   # the study: one such run a shadow algorithm
 
 The sync study compares whole runs, and on a shared machine identical runs differ by 15-20% in examples/sec; a 5%
 cost disappears in that. Here one process trains `config` on its stream, and windows of `window_steps` steps
-alternate between the background thread running and not running (the order swapped every pair, so a steady drift
-of the machine cancels). A window without the thread is a `none` run: no round, no snapshot, no merge. A window
-with it pays the thread's start, its rounds, and the snapshot copies and merges on the training thread. Its first
-round comes at a random phase of the pace (uniform between 0 and the pace the driver had settled on): a window of a
-steady run starts window / pace rounds on average, where a first round at the window's start adds half a round
-(at a pace of 0.22 s a 1.26 s window started 6 rounds, against 5.7 in a steady run). The round in
-flight when a window ends is merged after that window's clock stops. Windows a few seconds apart share the
-machine's load, so their ratio is the thread's cost.
+alternate between `none`'s blocks and the blocks a one-process run of the shadow algorithm dispatches, its rounds
+fused into them (`sync.scheduled`), at the K `none`'s chose (the order swapped every pair, so a steady drift of the
+machine cancels). A window with the rounds pays what a run of them pays: the rounds, and a block program that can run
+one between two steps. Its first round comes at a random phase of the gap (uniform over the steps of the gap the
+driver had settled on), as a window of a steady run meets them. Windows a few seconds apart share the machine's
+load, so their ratio is the rounds' cost.
 
 The study (`run`; `benchmarks.shadow_overhead` runs it) is the sync study's examples/sec ratio measured this way:
 for each algorithm, one run of the default config but 8 replicas (as in `studies/sync_study.py`). The rounds keep
-the default pace, `sync.min_interval_s='auto'` (paced to cost at most `sync.max_overhead`, 0.05, of the trainers'
-throughput), unless `Settings` sets it. `table` is a markdown table: examples/sec without and with the thread
-(medians over the windows), their ratio per pair (median, quartiles), rounds, mean sync gap, and the pace the rounds
-settled on with the round cost it came from; `note` names every setting changed from the defaults. The issue's
-target is a ratio of at least 0.95. Single pairs scatter by about 5-10% on a shared machine; 40 pairs put the median
-within about 1.5%. The interval of the median is distribution-free
-(`median_interval`, the sign test; about 96% for 40 pairs).
+the default pace, `sync.min_interval_s='auto'` (a round's timed cost over `sync.max_overhead`, 0.05, of the
+trainers' throughput), unless `Settings` sets it. `table` is a markdown table: examples/sec without and with the
+rounds (medians over the windows), their ratio per pair (median, quartiles), rounds, mean sync gap, and the pace the
+rounds settled on with the round cost it came from; `note` names every setting changed from the defaults. The
+issue's target is a ratio of at least 0.95. Single pairs scatter by about 5-10% on a shared machine; 40 pairs put
+the median within about 1.5%. The interval of the median is distribution-free (`median_interval`, the sign test;
+about 96% for 40 pairs).
 """
 
 from collections.abc import Sequence
@@ -51,14 +49,14 @@ _WARMUP_STEPS = 40  # Compiles the block, and 'auto' picks K, before any window 
 def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) -> dict[str, Any]:
   """Trains `config` (one process, a `shadow_*` algorithm) in `pairs` pairs of windows; returns their figures.
 
-  Keys: ratio_median, ratio_q25, ratio_q75 (examples/sec with / without the thread, per pair),
+  Keys: ratio_median, ratio_q25, ratio_q75 (examples/sec with / without the rounds, per pair),
   ratio_median_low, ratio_median_high, ratio_median_coverage (`median_interval` of the per-pair ratios),
   examples_per_sec_without, examples_per_sec_with (medians over the windows), pairs, window_steps, and the
-  driver's sync_rounds, mean_sync_gap, max_sync_gap, mean_round_latency_s over the windows with the thread.
+  driver's stats, with sync_rounds and mean_sync_gap over the windows with the rounds.
   """
   if config.sync.algorithm not in config_lib.SHADOW_ALGORITHMS:
     raise ValueError(
-      f'sync.algorithm={config.sync.algorithm!r}: the overhead is that of a background thread, '
+      f'sync.algorithm={config.sync.algorithm!r}: the overhead is that of shadow rounds, '
       f'one of {", ".join(config_lib.SHADOW_ALGORITHMS)}.'
     )
   if jax.process_count() != 1:
@@ -155,7 +153,7 @@ class Settings(NamedTuple):
   """What the study sets on its base config, and its windows; None: the base config's value."""
 
   window_steps: int = 150  # Steps per window.
-  pairs: int = 40  # Pairs of windows (one without the thread, one with it) per algorithm.
+  pairs: int = 40  # Pairs of windows (one without the rounds, one with them) per algorithm.
   num_replicas: int = 8
   batch_size: int | None = None  # Examples per replica per step.
   min_interval_s: str | None = None  # sync.min_interval_s as text: seconds, or 'auto'.
@@ -200,10 +198,10 @@ def changed_settings(base: ml_collections.ConfigDict, config: ml_collections.Con
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
-  """A row an algorithm: examples/sec without and with the thread, their ratio (median, its interval, quartiles),
+  """A row an algorithm: examples/sec without and with the rounds, their ratio (median, its interval, quartiles),
   rounds, mean sync gap, pace, round cost."""
   lines = [
-    '| algorithm | examples/sec without the thread | with it | ratio (median) | interval of the median | '
+    '| algorithm | examples/sec without the rounds (none) | with them | ratio (median) | interval of the median | '
     'quartiles | rounds | mean sync gap | pace (s) | round cost (ms) |',
     '|---|---|---|---|---|---|---|---|---|---|',
   ]
@@ -225,8 +223,8 @@ def note(variant: str, base: ml_collections.ConfigDict, settings: Settings, algo
   return (
     f'The {variant} config but {changed_settings(base, config_for(base, settings, algorithm))}; '
     f'{settings.pairs} pairs of {settings.window_steps}-step windows per algorithm, in one process, the order '
-    'swapped every pair. Pace: the interval between round starts the rounds ended on; round cost: the '
-    "trainers' time one round cost, as the driver measured it."
+    'swapped every pair, at the K `none` chose. Pace: the interval between rounds their cost gives; round cost: a '
+    "round's device time, as the driver timed it."
   )
 
 

@@ -1,27 +1,27 @@
-"""When sync rounds run: never, every k steps in the foreground, or continuously in a background thread.
+"""When sync rounds run: never, every k steps in the foreground, or off the training path at a paced gap.
 
   driver = drivers.make_driver(config, meshes)  # meshes = replicas.make_meshes(num_replicas)
   sync_state_R = driver.initial_sync_state(state_L)  # EA center, BMUF global model and momentum; None if no rounds
   driver.start(state_L, sync_state_R)          # or a sync state restored from a checkpoint
   for block in ...:                           # blocks of steps, one dispatch each (docs/design.md §13)
     state_L = driver.before_block(step, state_L)  # rounds and merges due here, before the block on these params
-    state_L, _ = train_block(state_L, block_L)
-    state_L = driver.at_boundary(step + n, state_L, n)  # bookkeeping: the blocks' times
+    state_L, _ = train_block(state_L, block_L)  # with `driver.between_steps()` fused in, if it has rounds there
+    driver.at_boundary(step + n, state_L, n)     # bookkeeping: the blocks' times
     driver.next_due(step)                       # the next step it must act at (the loop ends a block there), or None
     ... metric writes, saves ...
     driver.loop_work(seconds)                   # what they took: shadow leaves a step with a save out of its pace
-  state_L = driver.finish(state_L)             # ends the rounds (shadow: with every process) and joins the thread
+  state_L = driver.finish(state_L)             # ends the rounds (shadow: a last one, with every process)
   rule = driver.consensus_rule()               # the model to evaluate (docs/design.md §3), read where it lives
   driver.stats()                               # sync_rounds, mean/max sync gap, mean round latency; shadow: the pace
 
 The train state `state_L` holds this process's replicas (`meshes.local`); rounds and the consensus run over all
 the job's replicas (`meshes.job`, the same mesh in a one-process job), so the sync state `sync_state_R` is a
 job-wide array. The math of a round lives in `algorithms` (pure, testable on numbers); the drivers own timing and
-threads: `foreground.NoSync` and `foreground.ForegroundSync` run on the training thread; the shadow rounds run in
-`scheduled.ScheduledShadowSync`, dispatched by the training thread between blocks, where one program runs at a time
-for the whole job (one process, or steps that are collectives: sharded tables), and in `shadow.ShadowSync`, a thread
-of its own, where processes step apart; `rounds` holds what they share (the synced groups, the sync-gap
-bookkeeping) and `consensus` the model they evaluate.
+threads: `foreground.NoSync` and `foreground.ForegroundSync` run on the training thread; the shadow rounds are fused
+into the training blocks by `scheduled.ScheduledShadowSync` where one program runs at a time for the whole job (one
+process, or steps that are collectives: sharded tables), and run in `shadow.ShadowSync`'s thread, the processes'
+sums met on the host, where processes step apart; `pacing` paces them, `rounds` holds what the drivers share (the
+synced groups, the sync-gap bookkeeping) and `consensus` the model they evaluate.
 """
 
 from typing import Any, Protocol

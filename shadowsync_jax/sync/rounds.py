@@ -3,12 +3,9 @@
 synced_L = rounds.select(state_L.params, rounds.SYNCED_GROUPS['dense'])   # {'mlp': ...}
 params_L = rounds.with_synced(state_L.params, synced_L)
 gaps = rounds.GapTracker(); gaps.merged(step, latency_s); gaps.stats()    # sync_rounds, mean/max sync gap
-snapshot_L = rounds.copy(synced_L)                          # a shadow round's snapshot (the step donates the params)
-synced_L = rounds.merge(synced_L, late_L)                   # w + late: a round's late part, in place
-saved_L = rounds.added(synced_L, late_L)                    # the same in new buffers (rounds.subtracted: w - d)
+copy_L = rounds.copy(synced_L)                              # new buffers in one program (the step donates the params)
 """
 
-import functools
 from typing import Any
 
 import jax
@@ -61,26 +58,6 @@ def select(params: PyTree, groups: tuple[str, ...]) -> PyTree:
 def with_synced(params: PyTree, synced: PyTree) -> PyTree:
   """`params` with its synced groups replaced."""
   return {**params, **synced}
-
-
-@functools.partial(jax.jit, donate_argnums=0)
-def merge(params_R: PyTree, late_R: PyTree) -> PyTree:
-  """`w + late`: a round's late part (`algorithms.split_round`: `s' - s - lead` of its snapshot `s`) merged into
-  the live params, keeping the local steps made since the snapshot; in place (new buffers for every merged param
-  cost the training thread a quarter more)."""
-  return jax.tree.map(lambda w, late: w + late, params_R, late_R)
-
-
-@jax.jit
-def added(params_R: PyTree, delta_R: PyTree) -> PyTree:
-  """`w + delta` in new buffers (the live params stay as they are): a round landed in a copy, to save."""
-  return jax.tree.map(lambda w, d: w + d, params_R, delta_R)
-
-
-@jax.jit
-def subtracted(params_R: PyTree, delta_R: PyTree) -> PyTree:
-  """`w - delta` in new buffers: a round's lead taken back out of a copy of the params, to save without it."""
-  return jax.tree.map(lambda w, d: w - d, params_R, delta_R)
 
 
 @jax.jit

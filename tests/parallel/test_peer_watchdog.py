@@ -100,8 +100,8 @@ def _fail(tmp_path, peer: str, message: str, explain: str = ''):
 
 
 def test_a_collective_that_failed_because_a_peer_died_is_a_line_not_a_traceback(tmp_path):
-  """The shadow thread's all-reduce fails first when a peer is killed (CI saw it): the process names it in a line
-  and waits for the watchdog, which names the peer; no traceback of this process's own."""
+  """A collective fails first when a peer is killed (CI saw a shadow round's, when rounds were collectives): the
+  process names it in a line and waits for the watchdog, which names the peer; no traceback of this process's own."""
   result = _fail(tmp_path, 'peer_lost', 'Gloo all-reduce failed: Connection closed by peer [127.0.0.1]:18143')
   assert result.returncode == 75, result.stderr
   assert 'a collective failed (RuntimeError: Gloo all-reduce failed' in result.stderr, result.stderr

@@ -1,4 +1,4 @@
-"""The paired-window measurement of the shadow thread's cost, on the tiny config."""
+"""The paired-window measurement of what the shadow rounds cost against `none`, on the tiny config."""
 
 import numpy as np
 import pytest
@@ -29,7 +29,7 @@ def test_measure_pairs_windows_with_and_without_the_thread():
 
 
 def test_measure_rejects_what_it_cannot_measure():
-  with pytest.raises(ValueError, match='background thread'):
+  with pytest.raises(ValueError, match='shadow rounds'):
     shadow_overhead.measure(_config(algorithm='fr_ma'), window_steps=6, pairs=2)
   with pytest.raises(ValueError, match='data.num_train_examples'):
     shadow_overhead.measure(_config(), window_steps=6, pairs=3)  # The stream holds 2 pairs only.
