@@ -81,8 +81,9 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
   plain = _Loop(config, meshes, source, available_steps)
   state, step = plain.run(state, 0, _WARMUP_STEPS)[:2]
   # With them: the driver of a one-process run (rounds fused into the blocks), at the K the first chose.
-  fused_config = copy.deepcopy(config)
-  fused_config.train.steps_per_dispatch = plain.steps_per_dispatch
+  fused_dict = config.to_dict()
+  fused_dict['train']['steps_per_dispatch'] = plain.steps_per_dispatch
+  fused_config = ml_collections.ConfigDict(fused_dict)
   driver = sync_drivers.make_driver(fused_config, meshes, mid_run=True)
   fused = _Loop(fused_config, meshes, source, available_steps, driver)
   sync_state = driver.initial_sync_state(state)

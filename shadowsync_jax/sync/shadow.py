@@ -233,10 +233,12 @@ class ShadowSync:
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds and joins the thread; raises its error if it failed.
 
-    Normally this process's last params keep serving snapshots until every process of the job has finished its
-    stream, and the rounds finished meanwhile are merged (they count as rounds, not as sync gaps). `abandon` (the run is
-    failing) drops the round in flight and returns within seconds, without raising the thread's error.
-    """
+    Normally the round in flight when training ended lands (it started among the steps), and then this process's
+    last params keep serving snapshots until every process of the job has finished its stream: those rounds' sums
+    meet the peers' (whose training goes on), and land nowhere here, the model being the one trained (a BMUF round
+    landed after the last step adds a momentum step that no training follows: as a foreground run, none). `abandon`
+    (the run is failing) drops the round in flight and returns within seconds, without raising the thread's
+    error."""
     self._clock.skip()  # What comes before the next step (a save, the end) is no step time.
     if self._thread is None:
       return state_L
@@ -252,7 +254,7 @@ class ShadowSync:
       state_L = self._step_boundary(state_L, step=None)
       self._thread.join(timeout=_POLL_S)
     self._raise_if_failed()
-    return self._step_boundary(state_L, step=None)
+    return self._step_boundary(state_L, step=None)  # A result the thread posted as it ended.
 
   def consensus_rule(self) -> consensus.Rule:
     return consensus.Rule(self._name, self._groups, self._tables)
@@ -307,6 +309,9 @@ class ShadowSync:
     except queue.Empty:
       pass
     else:
+      if self._handed_over is None:  # A round served after the last step: its sums met the peers', it lands here not.
+        self._in_flight = False
+        return self._hand_over_if_wanted(state_L, step)
       snapshot_L, sync_state_L = self._handed_over
       synced_L, sync_state_L = self._land_L(
         rounds.select(state_L.params, self._groups), snapshot_L, sync_state_L, job_mean
@@ -319,17 +324,27 @@ class ShadowSync:
         self._merge_lags.append(step - self._snapshot_step)
         self._merge_lags_s.append(time.perf_counter() - self._handed_over_at)
       self._in_flight = False
+    return self._hand_over_if_wanted(state_L, step)
 
+  def _hand_over_if_wanted(self, state_L: Any, step: int | None) -> Any:
+    """Hands a snapshot over if the thread wants one and the round before has landed; after the last step (`step`
+    None) its sums only, the params left as trained (`finish`)."""
     first_done = step is None or step >= self._first_snapshot_step
-    if self._snapshot_wanted.is_set() and first_done and not self._in_flight:
-      self._snapshot_wanted.clear()
-      sync_state_L = replicas.to_local(self._sync_state_R, self._meshes)
-      led_L, snapshot_L, local_sum = self._hand_over_L(rounds.select(state_L.params, self._groups), sync_state_L)
-      state_L = state_L._replace(params=rounds.with_synced(state_L.params, led_L))  # The round's lead, landed.
-      self._handed_over = (snapshot_L, sync_state_L)
-      self._snapshots.put(local_sum)
-      self._snapshot_step, self._handed_over_at = step, time.perf_counter()
+    if not (self._snapshot_wanted.is_set() and first_done and not self._in_flight):
+      return state_L
+    self._snapshot_wanted.clear()
+    sync_state_L = replicas.to_local(self._sync_state_R, self._meshes)
+    synced_L = rounds.select(state_L.params, self._groups)
+    if step is None:  # Served, not landed: the sums of a copy.
+      self._snapshots.put(self._hand_over_L(rounds.copy(synced_L), sync_state_L)[2])
       self._in_flight = True
+      return state_L
+    led_L, snapshot_L, local_sum = self._hand_over_L(synced_L, sync_state_L)
+    state_L = state_L._replace(params=rounds.with_synced(state_L.params, led_L))  # The round's lead, landed.
+    self._handed_over = (snapshot_L, sync_state_L)
+    self._snapshots.put(local_sum)
+    self._snapshot_step, self._handed_over_at = step, time.perf_counter()
+    self._in_flight = True
     return state_L
 
   def _run(self) -> None:
