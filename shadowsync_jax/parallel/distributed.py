@@ -76,12 +76,7 @@ def initialize(
   private_apis.bind_gloo_to(network.local_address_towards(coordinator_address))
   # JAX's own liveness check ends the process with a fatal log; ours, faster, says which peer and why.
   heartbeat_timeout_s = int(3 * peer_timeout_s) + 10
-  if start_service:
-    jax.distributed.initialize(
-      coordinator_address, num_processes, process_id, heartbeat_timeout_seconds=heartbeat_timeout_s
-    )
-  else:
-    private_apis.connect_client(coordinator_address, num_processes, process_id, heartbeat_timeout_s)
+  private_apis.connect_client(coordinator_address, num_processes, process_id, heartbeat_timeout_s, start_service)
   _watchdog = _PeerWatchdog(
     private_apis.distributed_client(), process_id, num_processes, peer_timeout_s, coordinator_address
   )
@@ -217,6 +212,9 @@ class VectorAgreement:
       )
     vectors = []
     for process in range(_watchdog.num_processes):
+      if process == me:  # Its own, as it was set: not read back through the service.
+        vectors.append(vector)
+        continue
       pieces = []
       for chunk in range(chunks):
         while (got := _get_bytes_within(client, self._key(call, process, chunk), _AGREEMENT_POLL_MS)) is None:

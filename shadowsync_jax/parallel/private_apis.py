@@ -1,6 +1,7 @@
 """Every use of a private module of jax, jaxlib or orbax, in one place, for the versions it was written for.
 
   private_apis.connect_client(address, num_processes, process_id, heartbeat_timeout_s)   # a client, no service
+  private_apis.connect_client(..., start_service=True)   # process 0 starts the service, as jax.distributed does
   private_apis.distributed_client()         # the job's client: its key-value store (the watchdog's heartbeats)
   private_apis.coordinator_address()        # 'host:port' of the job's coordinator, or None
   private_apis.bind_gloo_to(address)        # gloo's collectives on the address that reaches the peers
@@ -12,7 +13,8 @@ What they do that no public API does (jax 0.10.2, orbax-checkpoint 0.12.8):
 - `jax.distributed.initialize` starts the coordination service inside process 0, and a service that dies with
   process 0 takes every other process down with it: the job runs the service in a process of its own
   (`coordinator`) and every trainer connects as a client only (`connect_client`), through the client constructor
-  and `global_state` of `jax._src.distributed`; the watchdog's heartbeats use that client's key-value store.
+  and `global_state` of `jax._src.distributed`; the watchdog's heartbeats use that client's key-value store. Its
+  client compresses every message (`use_compression=True`, not an option of `initialize`): ours does not.
 - gloo's TCP collectives are made without a hostname, so gloo resolves this machine's name (127.0.0.1 on many
   machines) and every process dials its own loopback: `bind_gloo_to` gives them the address towards the peers.
 - JAX writes compilation cache entries from process 0 only; a restarted process of another index would compile
@@ -58,9 +60,16 @@ def _warn_once_if_other_versions() -> None:
     warnings.warn(line, stacklevel=3)
 
 
-def connect_client(coordinator_address: str, num_processes: int, process_id: int, heartbeat_timeout_s: int) -> None:
-  """What `jax.distributed.initialize` does for a process other than 0: a client of a service run elsewhere, set as
-  the job's client (`jax.distributed.shutdown` and the collectives then use it)."""
+def connect_client(
+  coordinator_address: str, num_processes: int, process_id: int, heartbeat_timeout_s: int, start_service: bool = False
+) -> None:
+  """What `jax.distributed.initialize` does, with the client's messages not compressed: a client of the job's
+  service (started here by process 0 if `start_service`, else run elsewhere), set as the job's client
+  (`jax.distributed.shutdown` and the collectives then use it).
+
+  JAX's own client gzips every message, at a cost: a shadow round's sums (float32 that barely compress) took 2-3x
+  the host CPU of the round itself through it, on the training process's cores (the 2 x 4 job's `shadow_ma` at
+  0.84-0.86 of `none` with no device work in its rounds at all; 0.96 uncompressed)."""
   _warn_once_if_other_versions()
   from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
   from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
@@ -68,9 +77,14 @@ def connect_client(coordinator_address: str, num_processes: int, process_id: int
   state = jax_distributed.global_state
   if state.client is not None:
     raise RuntimeError('distributed.initialize should only be called once.')
+  if start_service and process_id == 0:  # As `jax.distributed.initialize` starts it: every address, this port.
+    port = coordinator_address.rsplit(':', 1)[1]
+    state.service = _jax.get_distributed_runtime_service(
+      f'[::]:{port}', num_processes, heartbeat_timeout=heartbeat_timeout_s, shutdown_timeout=300
+    )
   state.coordinator_address, state.process_id, state.num_processes = coordinator_address, process_id, num_processes
   state.client = _jax.get_distributed_runtime_client(
-    coordinator_address, process_id, init_timeout=300, use_compression=True, heartbeat_timeout=heartbeat_timeout_s
+    coordinator_address, process_id, init_timeout=300, use_compression=False, heartbeat_timeout=heartbeat_timeout_s
   )
   state.client.connect()
 

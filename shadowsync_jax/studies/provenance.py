@@ -42,21 +42,23 @@ class _Beside:
 
   def __init__(self):
     self.shares: list[float] = []  # Per window: other work's CPU seconds over the window's core-seconds.
+    self._descendants: dict[int, float] = {}  # Every descendant seen: its CPU seconds when last seen.
     thread = threading.Thread(target=self._run, name='provenance-beside', daemon=True)
     thread.start()
 
-  @staticmethod
-  def _busy_and_own() -> tuple[float, float]:
+  def _busy_and_own(self) -> tuple[float, float]:
+    """The machine's busy CPU seconds, and this process's and its descendants' (each as last seen: one that ended
+    keeps what it had used; reaped children's totals, which a process's own counters add at odd times, are not
+    read)."""
     times = psutil.cpu_times()
     busy = sum(times) - times.idle - getattr(times, 'iowait', 0.0)
     me = psutil.Process()
-    own = sum(me.cpu_times()[:4])  # user, system, and the reaped children's.
     for child in me.children(recursive=True):
       try:
-        own += sum(child.cpu_times()[:2])
-      except psutil.Error:  # Gone meanwhile: its time is in a parent's children_* once reaped.
+        self._descendants[child.pid] = sum(child.cpu_times()[:2])
+      except psutil.Error:  # Gone meanwhile: it keeps what it was last seen at.
         pass
-    return busy, own
+    return busy, sum(me.cpu_times()[:2]) + sum(self._descendants.values())
 
   def _run(self) -> None:
     cores = os.cpu_count() or 1

@@ -2,16 +2,19 @@ r"""Shadow rounds that pace themselves: the least interval between rounds that k
 
   pacer = pacing.GapPacer(max_overhead=0.05)   # sync.min_interval_s='auto'; GapPacer(0.05, fixed_interval_s=0.2)
   pacer.observe_round_cost(0.003)              # a round's device time, timed by the driver
+  pacer.observe_host_cost(0.001)               # its host work on the training process's cores (`shadow`'s thread)
   clock = pacing.BlockClock(pacer)
   clock.boundary(now, steps)                   # at every block boundary: the steps' time
   pacer.interval_s()                           # least seconds between two rounds (the thread's pace)
   pacer.gap_steps()                            # the same in steps (rounds fused into the blocks)
   pacer.stats()                                # sync_interval_s, sync_round_cost_s, step_time_s, overhead estimate
 
-A round costs the trainers the device time of its own programs, and nothing else: its replicas meet without a
-collective that holds the devices (`shadow`: on the host; `scheduled`: inside a block, no step beside it). So the
-cost c is timed directly, on copies of the params before training goes on (`CALIBRATION_ROUNDS` after a warm-up:
-the median), and for rounds P seconds apart the throughput lost is c / P:
+A round costs the trainers the device time of its own programs, and the host work it does on their cores: its
+replicas meet without a collective that holds the devices (`shadow`: on the host; `scheduled`: inside a block, no
+step beside it). So the device cost is timed directly, on copies of the params before training goes on
+(`CALIBRATION_ROUNDS` after a warm-up: the median); the host cost (`shadow`'s thread: its sums read, sent, met and
+averaged; the CPU seconds of that thread, measured round by round) is added as it is measured. For rounds P seconds
+apart costing c in all, the throughput lost is c / P:
 
   P = c / max_overhead,   the gap in steps = ceil(P / t)   for a mean step time t.
 
@@ -53,6 +56,7 @@ class GapPacer:
     self._seconds = self._steps = 0.0  # The blocks' seconds and steps, each weighted by how recent it is.
     self._steps_seen = 0
     self._cost_s: float | None = None
+    self._host_cost_s = 0.0
 
   def observe_steps(self, seconds: float, steps: int) -> None:
     """A block of `steps` steps took `seconds` (the rounds' device time in it included)."""
@@ -66,18 +70,25 @@ class GapPacer:
     """A round's device time (its programs, timed by the driver)."""
     self._cost_s = seconds
 
+  def observe_host_cost(self, seconds: float) -> None:
+    """The host work of a round on the training process's cores (CPU seconds, a recent mean), added to its
+    device time."""
+    self._host_cost_s = seconds
+
   def step_time_s(self) -> float | None:
     """Mean step time of the last `memory_s` seconds or so, or None until `MIN_STEPS_MEASURED` steps were timed."""
     return self._seconds / self._steps if self._steps_seen >= MIN_STEPS_MEASURED else None
 
   def round_cost_s(self) -> float | None:
-    return self._cost_s
+    """A round's device time and host work (None before its device time was timed)."""
+    return None if self._cost_s is None else self._cost_s + self._host_cost_s
 
   def interval_s(self) -> float:
     """Seconds from one round to the next: `fixed_interval_s`, or the cost over the budget (0 before a cost)."""
     if self.fixed_interval_s is not None:
       return self.fixed_interval_s
-    return 0.0 if self._cost_s is None else self._cost_s / self.max_overhead
+    cost_s = self.round_cost_s()
+    return 0.0 if cost_s is None else cost_s / self.max_overhead
 
   def gap_steps(self) -> int:
     """Steps from one round to the next: the interval over the step time, at least 1 (1 before a step time)."""
@@ -87,13 +98,14 @@ class GapPacer:
     return max(1, math.ceil(self.interval_s() / step_s))
 
   def stats(self) -> dict[str, Any]:
-    """sync_interval_s, sync_round_cost_s, step_time_s, and sync_overhead_estimate: the cost over the gap's time
-    (None where nothing was measured)."""
-    step_s, cost_s = self.step_time_s(), self._cost_s
+    """sync_interval_s, sync_round_cost_s (device and host), sync_round_host_s (the host's part), step_time_s, and
+    sync_overhead_estimate: the cost over the gap's time (None where nothing was measured)."""
+    step_s, cost_s = self.step_time_s(), self.round_cost_s()
     gap_s = None if step_s is None else self.gap_steps() * step_s
     return {
       'sync_interval_s': self.interval_s(),
       'sync_round_cost_s': cost_s,
+      'sync_round_host_s': self._host_cost_s,
       'step_time_s': step_s,
       'sync_overhead_estimate': cost_s / gap_s if cost_s is not None and gap_s else None,
     }

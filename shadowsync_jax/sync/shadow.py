@@ -39,6 +39,7 @@ and the blocks queued behind it, for its peer's, up to a block, or a straggler's
 0.13-0.15 s a round and paced them 4-5 s apart.)
 """
 
+import collections
 from collections.abc import Callable
 import queue
 import statistics
@@ -58,6 +59,7 @@ from shadowsync_jax.sync import rounds
 
 PyTree = Any
 _POLL_S = 0.05  # How often a waiting thread checks whether it was asked to stop.
+_HOST_COST_ROUNDS = 8  # The rounds whose host work's mean is the host cost of a round (`pacing.GapPacer`).
 _ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
 
 
@@ -123,6 +125,8 @@ class ShadowSync:
     self._num_replicas = meshes.job.shape[replicas.REPLICA_AXIS]
     # (snapshot, the sync state it started from) of a round handed over, not landed yet: its lead has landed.
     self._handed_over: tuple[PyTree, PyTree] | None = None
+    # (led copy, snapshot, sync state) of a round served after the last step (`finish`), not met yet.
+    self._served: tuple[PyTree, PyTree, PyTree] | None = None
     self._agree = _round_agreement(meshes)
     self._meet = _sums_meeting(meshes)
     self._job_interval_s: float | None = None  # The longest pace of the processes, agreed at the last round.
@@ -137,6 +141,10 @@ class ShadowSync:
     self._thread: threading.Thread | None = None
     self._compiled = False
     self._gaps = rounds.GapTracker()
+    # The thread's CPU seconds for each of its last rounds' host work (its sums read, met and averaged), and their
+    # mean: on the training process's cores, a cost of the round beside its programs' device time (`pacing`).
+    self._host_costs_s: collections.deque[float] = collections.deque(maxlen=_HOST_COST_ROUNDS)
+    self._host_cost_s = 0.0
     self._first_round_after_s = 0.0
     self._training = threading.Event()  # The training thread has passed `_first_snapshot_step`.
 
@@ -156,7 +164,7 @@ class ShadowSync:
     self._gaps.reset(int(state_L.step[0]))
     self._first_snapshot_step = int(state_L.step[0]) + self._first_round_after
     self._clock.reset()
-    self._in_flight, self._snapshot_step = False, None
+    self._in_flight, self._snapshot_step, self._served = False, None, None
     self._stop.clear()
     self._done.clear()
     self._snapshot_wanted.clear()
@@ -217,6 +225,7 @@ class ShadowSync:
     self._clock.boundary(time.perf_counter(), steps, waited, paused_s)
     if step >= self._first_snapshot_step:
       self._training.set()
+    self._pacer.observe_host_cost(self._host_cost_s)
     self._interval_s = self._pacer.interval_s()
     return state_L
 
@@ -236,7 +245,9 @@ class ShadowSync:
     Normally the round in flight when training ended lands (it started among the steps), and then this process's
     last params keep serving snapshots until every process of the job has finished its stream: those rounds' sums
     meet the peers' (whose training goes on), and land nowhere here, the model being the one trained (a BMUF round
-    landed after the last step adds a momentum step that no training follows: as a foreground run, none). `abandon`
+    landed after the last step adds a momentum step that no training follows: as a foreground run, none); the sync
+    state (EA's center, BMUF's global model) moves as the peers' does, so that every process ends with one, and the
+    round met once every process is done moves nothing anywhere. `abandon`
     (the run is failing) drops the round in flight and returns within seconds, without raising the thread's
     error."""
     self._clock.skip()  # What comes before the next step (a save, the end) is no step time.
@@ -305,12 +316,15 @@ class ShadowSync:
     """Merges a finished round (a sync gap unless `step` is None: after training), then hands over a wanted
     snapshot."""
     try:
-      job_mean, latency_s = self._results.get_nowait()
+      job_mean, latency_s, all_done = self._results.get_nowait()
     except queue.Empty:
       pass
     else:
       if self._handed_over is None:  # A round served after the last step: its sums met the peers', it lands here not.
-        self._in_flight = False
+        if not all_done:  # A peer trains on and lands it: its sync state (EA's center, BMUF's) moves here too.
+          led_L, snapshot_L, sync_state_L = self._served
+          self._sync_state_R = replicas.to_job(self._land_L(led_L, snapshot_L, sync_state_L, job_mean)[1], self._meshes)
+        self._served, self._in_flight = None, False
         return self._hand_over_if_wanted(state_L, step)
       snapshot_L, sync_state_L = self._handed_over
       synced_L, sync_state_L = self._land_L(
@@ -336,7 +350,9 @@ class ShadowSync:
     sync_state_L = replicas.to_local(self._sync_state_R, self._meshes)
     synced_L = rounds.select(state_L.params, self._groups)
     if step is None:  # Served, not landed: the sums of a copy.
-      self._snapshots.put(self._hand_over_L(rounds.copy(synced_L), sync_state_L)[2])
+      led_L, snapshot_L, local_sum = self._hand_over_L(rounds.copy(synced_L), sync_state_L)
+      self._served = (led_L, snapshot_L, sync_state_L)
+      self._snapshots.put(local_sum)
       self._in_flight = True
       return state_L
     led_L, snapshot_L, local_sum = self._hand_over_L(synced_L, sync_state_L)
@@ -365,9 +381,11 @@ class ShadowSync:
         local_sum = self._next_snapshot()
         if local_sum is None:
           return
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         job_mean = self._job_mean(local_sum)
-        if job_mean is None or not self._put_result((job_mean, time.perf_counter() - started)) or all_done:
+        self._host_costs_s.append(time.thread_time() - cpu_started)  # Waits for the sums and the peers: no CPU.
+        self._host_cost_s = statistics.fmean(self._host_costs_s)
+        if job_mean is None or not self._put_result((job_mean, time.perf_counter() - started, all_done)) or all_done:
           return
         self._wait_for_the_next_round(round_start)
     except BaseException as error:  # pylint: disable=broad-except  (handed to the training thread as it is)

@@ -177,7 +177,7 @@ def test_shadow_rounds_beside_sharded_lookups_across_two_processes(tmp_path):
     '--config.num_replicas=8',
     '--config.sync.embedding_placement=sharded',
     '--config.sync.algorithm=shadow_ma',
-    '--config.data.num_train_examples=32768',
+    '--config.data.num_train_examples=65536',  # 64 steps: the first round at step 16 (the gap before one is agreed).
     cpu_devices=4,
   )
   assert code == 0, output

@@ -40,6 +40,18 @@ def test_the_gap_rounds_up_so_the_budget_holds():
   assert pacer.stats()['sync_overhead_estimate'] <= 0.05
 
 
+def test_a_rounds_host_work_counts_with_its_device_time():
+  """Across processes a round's sums are met on the host, by a thread on the training process's cores: its CPU
+  seconds are a cost of the round as its programs' device time is."""
+  pacer = pacing.GapPacer(max_overhead=0.05)
+  pacer.observe_host_cost(0.001)
+  assert pacer.interval_s() == 0.0 and pacer.round_cost_s() is None  # No device time timed yet.
+  pacer.observe_round_cost(0.004)
+  assert pacer.round_cost_s() == pytest.approx(0.005) and pacer.interval_s() == pytest.approx(0.1)
+  stats = pacer.stats()
+  assert stats['sync_round_cost_s'] == pytest.approx(0.005) and stats['sync_round_host_s'] == 0.001
+
+
 def test_a_fixed_interval_is_kept_and_still_measured():
   pacer = pacing.GapPacer(max_overhead=0.05, fixed_interval_s=0.2)
   pacer.observe_round_cost(0.5)

@@ -279,6 +279,30 @@ def test_finish_lands_no_round_after_the_last_step():
   assert loop.driver.stats()['sync_rounds'] == 0 and loop.driver.stats()['mean_sync_gap'] is None
 
 
+@pytest.mark.parametrize('peer_trains_on', [True, False])
+def test_a_round_served_after_the_last_step_moves_the_sync_state_only_while_a_peer_trains(monkeypatch, peer_trains_on):
+  """After its last step a process serves the peers' rounds from its final params and lands none in them. A round
+  agreed while some process still trains moves the sync state (EA's center) here as on that peer, so that every
+  process ends with one; a round agreed once every process is done moves nothing."""
+  loop = Loop(_driver('ea', 4), 4)
+  initial_sync_state = loop.driver.initial_sync_state(loop.state)
+  if not peer_trains_on:  # The peer arrives at the agreement only once this process is done: all are done.
+    monkeypatch.setattr(loop.driver, '_agree', lambda done, interval_s, stopped: (loop.driver._done.wait(), interval_s))  # pylint: disable=protected-access
+  thread = _start(loop)
+  loop.advance()  # The first round waits for training to be under way.
+  if peer_trains_on:  # This process agreed to a round while training (a peer trains on): its snapshot is wanted.
+    assert loop.driver._snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
+  final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  assert not thread.is_alive()
+  _assert_tree_close(final.params, loop.unsynced(loop.step), 'params after finish')
+  assert loop.driver.stats()['sync_rounds'] == 0
+  want = initial_sync_state
+  if peer_trains_on:  # One EA round from the final params.
+    round_R = sync_algorithms.stacked(loop.driver._algorithm_for_tests, replicas.make_mesh(4))[1]  # pylint: disable=protected-access
+    want = round_R(sync_rounds.copy(final.params), initial_sync_state)[1]
+  _assert_tree_close(loop.driver.sync_state(), jax.tree.map(np.asarray, want), 'the center after finish')
+
+
 def test_abandoning_stops_a_thread_that_waits_for_a_snapshot():
   loop = Loop(_driver('ma', 4), 4)
   thread = _start(loop)
@@ -309,12 +333,23 @@ def test_abandoning_drops_the_round_in_flight(monkeypatch, name):
   _assert_tree_close(loop.driver.sync_state(), initial_sync_state, 'sync state after finish')
 
 
-def test_shadow_ea_conserves_replicas_plus_center():
+def test_shadow_ea_conserves_replicas_plus_center(monkeypatch):
   """An EA round moves `sum_i d_i` from the replicas to the center: `sum_i w_i + c` changes only by local steps.
 
-  Holds at every step boundary and after `finish`, whichever round was in flight when training ended.
+  Holds at every step boundary and after `finish`, with a round in flight when training ended. (A round served after
+  the last step while a peer trains on moves the center and not these replicas: one process here, its rounds after
+  the fourth are agreed once it is done, and move nothing.)
   """
   loop = Loop(_driver('ea', 4), 4)
+  done, agreements = loop.driver._done, []  # pylint: disable=protected-access
+
+  def agree(_, interval_s, stopped):
+    agreements.append(interval_s)
+    if len(agreements) > 4:
+      done.wait()
+    return done.is_set(), interval_s
+
+  monkeypatch.setattr(loop.driver, '_agree', agree)
   _start(loop)
   center_0 = jax.tree.map(lambda x: x.mean(axis=0), loop.initial)
 
