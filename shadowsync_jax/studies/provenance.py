@@ -36,38 +36,63 @@ BESIDE_WINDOW_S = 10.0  # The window over which other work beside the study is m
 
 
 class _Beside:
-  """What the machine's cores did for work other than this process and its children, every `BESIDE_WINDOW_S`
+  """What the machine's cores did for work other than this process and its descendants, every `BESIDE_WINDOW_S`
   seconds from import to the record: a study's speed figure is worth what its machine was quiet (a load average
-  counts the study's own threads, and at its ends only)."""
+  counts the study's own threads, and at its ends only).
+
+  Other work is read process by process: the CPU seconds each process outside this one's tree used since it was
+  last seen (all of them for one born since). Read as the machine's busy time less this tree's, a descendant that
+  lived and ended between two readings (a study's short probes, a job's helpers) counted as other work; read this
+  way, other work that lives less than a window is missed instead, and what matters, another study or a test suite
+  beside this one, lives longer."""
 
   def __init__(self):
     self.shares: list[float] = []  # Per window: other work's CPU seconds over the window's core-seconds.
-    self._descendants: dict[int, float] = {}  # Every descendant seen: its CPU seconds when last seen.
+    self._seen: dict[tuple[int, float], float] = {}  # (pid, start time) of each process outside the tree: CPU s.
     thread = threading.Thread(target=self._run, name='provenance-beside', daemon=True)
     thread.start()
 
-  def _busy_and_own(self) -> tuple[float, float]:
-    """The machine's busy CPU seconds, and this process's and its descendants' (each as last seen: one that ended
-    keeps what it had used; reaped children's totals, which a process's own counters add at odd times, are not
-    read)."""
-    times = psutil.cpu_times()
-    busy = sum(times) - times.idle - getattr(times, 'iowait', 0.0)
-    me = psutil.Process()
-    for child in me.children(recursive=True):
-      try:
-        self._descendants[child.pid] = sum(child.cpu_times()[:2])
-      except psutil.Error:  # Gone meanwhile: it keeps what it was last seen at.
-        pass
-    return busy, sum(me.cpu_times()[:2]) + sum(self._descendants.values())
+  def _other_cpu_since(self, last_s: float | None) -> float:
+    """CPU seconds of the processes outside this one's tree since they were last seen (those born after `last_s`
+    whole; None: the first reading, which only records them)."""
+    processes = {}
+    for process in psutil.process_iter(['ppid', 'create_time', 'cpu_times']):
+      info = process.info
+      if info['cpu_times'] is not None and info['create_time'] is not None:
+        processes[process.pid] = info
+    me, in_tree = os.getpid(), {}
+
+    def of_tree(pid: int) -> bool:
+      chain = []
+      while pid not in in_tree and pid in processes and pid != me and pid > 1:
+        chain.append(pid)
+        pid = processes[pid]['ppid']
+      answer = in_tree.get(pid, pid == me)
+      in_tree.update(dict.fromkeys(chain, answer))
+      return answer
+
+    seen, other = {}, 0.0
+    for pid, info in processes.items():
+      if of_tree(pid):
+        continue
+      key, cpu_s = (pid, info['create_time']), sum(info['cpu_times'][:2])
+      seen[key] = cpu_s
+      if key in self._seen:
+        other += cpu_s - self._seen[key]
+      elif last_s is not None and info['create_time'] >= last_s:
+        other += cpu_s
+    self._seen = seen
+    return other
 
   def _run(self) -> None:
     cores = os.cpu_count() or 1
-    busy, own = self._busy_and_own()
+    last_s = time.time()
+    self._other_cpu_since(None)
     while True:
       time.sleep(BESIDE_WINDOW_S)
-      now_busy, now_own = self._busy_and_own()
-      self.shares.append(max(0.0, (now_busy - busy) - (now_own - own)) / (BESIDE_WINDOW_S * cores))
-      busy, own = now_busy, now_own
+      other_s, now_s = self._other_cpu_since(last_s), time.time()
+      self.shares.append(max(0.0, other_s) / ((now_s - last_s) * cores))
+      last_s = now_s
 
 
 _BESIDE = _Beside()

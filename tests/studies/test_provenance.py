@@ -121,3 +121,28 @@ def test_a_result_without_a_record_is_read_against_the_whole_library(tmp_path):
   _commit(repo, 'library change')
   (e,) = staleness.check('results', repo)
   assert e.stale and not e.recorded and e.changed_files == ('shadowsync_jax/a.py',) and len(e.commits) == 1
+
+
+def test_other_work_beside_a_study_is_the_cpu_of_processes_outside_its_tree(monkeypatch):
+  """A study's own descendants, short-lived ones included, are not other work; a process outside its tree is, from
+  the reading it was first seen at (all of its CPU when it was born since the last one)."""
+  me = os.getpid()
+
+  def snapshot(*rows):  # (pid, ppid, born at, CPU seconds)
+    return lambda attrs: [
+      types.SimpleNamespace(pid=pid, info={'ppid': ppid, 'create_time': born, 'cpu_times': (cpu_s, 0.0)})
+      for pid, ppid, born, cpu_s in rows
+    ]
+
+  beside = provenance._Beside.__new__(provenance._Beside)  # pylint: disable=protected-access  (no thread)
+  beside._seen = {}  # pylint: disable=protected-access
+  mine, child, outsider = (me, 1, 0.0), (me + 1, me, 5.0), (me + 2, 1, 5.0)
+  monkeypatch.setattr(provenance.psutil, 'process_iter', snapshot((*mine, 1.0), (*child, 1.0), (*outsider, 1.0)))
+  assert beside._other_cpu_since(None) == 0.0  # pylint: disable=protected-access  (the first reading records)
+  grandchild, newcomer = (me + 3, me + 1, 15.0), (me + 4, 1, 15.0)
+  monkeypatch.setattr(
+    provenance.psutil,
+    'process_iter',
+    snapshot((*mine, 9.0), (*child, 9.0), (*outsider, 3.0), (*grandchild, 4.0), (*newcomer, 0.5)),
+  )
+  assert beside._other_cpu_since(10.0) == 2.0 + 0.5  # pylint: disable=protected-access
