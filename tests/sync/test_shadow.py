@@ -156,6 +156,15 @@ def test_merge_keeps_the_local_steps_made_during_the_round(monkeypatch, name, nu
   """w <- w + (s' - s): the steps made between the snapshot and the merge survive the merge."""
   local_steps = 7
   loop = Loop(_driver(name, num_replicas, groups), num_replicas)
+  done, agreements = loop.driver._done, []  # pylint: disable=protected-access
+
+  def agree(_, interval_s, stopped):  # The round after the first is agreed once training is done: it moves nothing.
+    agreements.append(interval_s)
+    if len(agreements) > 1:
+      done.wait()
+    return done.is_set(), interval_s
+
+  monkeypatch.setattr(loop.driver, '_agree', agree)
   with _holding_rounds(loop.driver, monkeypatch) as held:
     thread = _start(loop)
     loop.advance_until(held.entered.is_set, 'the first snapshot')
