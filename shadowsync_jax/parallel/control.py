@@ -4,6 +4,7 @@
   pipe.ready()              # once it trains (random kills wait for every process to)
   pipe.step(step)           # every step: the launcher knows exactly where a process was when it died
   pipe.reached(step)        # at the step the launcher was asked to kill it at: asks for SIGKILL, waits for it
+  pipe.due_at_start(step)   # a start that begins at that step (it waited there when its job went down)
 
 The launcher (`launcher.Generation`) reads one pipe per process. A step is a few bytes written without blocking
 (a launcher that falls behind loses lines, it never slows training down), so the position of a process that was
@@ -13,6 +14,7 @@ launcher answers with SIGKILL, so nothing of the process's own runs after it (no
 background write dies mid-file).
 """
 
+from collections.abc import Callable
 import dataclasses
 import os
 import time
@@ -52,14 +54,26 @@ class ControlPipe:
   def step(self, step: int) -> None:
     self._write(b'step %d\n' % step)
 
-  def reached(self, step: int) -> None:
-    """At the kill step: tells the launcher and waits to be killed (returns only where no launcher listens)."""
+  def reached(self, step: int, stop_waiting: Callable[[], bool] = lambda: False) -> None:
+    """At the kill step: tells the launcher and waits to be killed. Returns where no launcher listens, or once
+    `stop_waiting()` (a peer was lost while it waited: the launcher kills nobody in a job already going down, and this
+    process goes on as a survivor; its kill stays for the next start, `due_at_start`)."""
     if self.fd is None or step != self.kill_at_step:
       return
     os.set_blocking(self.fd, True)
     os.write(self.fd, f'kill {step}\n'.encode())
-    time.sleep(600)
+    os.set_blocking(self.fd, False)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+      if stop_waiting():
+        return
+      time.sleep(0.02)
     raise RuntimeError(f'asked to be killed at step {step}, but nobody did in 600 s.')
+
+  def due_at_start(self, position: int) -> bool:
+    """Whether this start begins at the step it is to be killed at: a survivor that was waiting there for its kill
+    when its job went down (`reached`) reached it before this start, so the kill lands before it trains on."""
+    return self.fd is not None and position == self.kill_at_step
 
   def _write(self, line: bytes) -> None:
     if self.fd is None:

@@ -9,7 +9,9 @@ A kill at a step is deterministic and still a real kill (`control.ControlPipe.re
 step (a checkpoint due there already started: a kill there lands in the save), asks for it and waits; the launcher
 answers with SIGKILL once every process trains (a peer still starting is never the one to lose it). Each
 `PROCESS@STEP` fires once, in the first start of the job in which that process reaches that step, so `1@40,0@90`
-kills process 1 at step 40, and process 0 at step 90 after the restart. Random kills are exponential in wall-clock
+kills process 1 at step 40, and process 0 at step 90 after the restart. One death a start: a process that waits at
+its step when a peer dies first goes down as a survivor, and the next start, which it begins at that step, kills it
+there before it trains (`control.ControlPipe.due_at_start`). Random kills are exponential in wall-clock
 time with mean `mtbf_s`, each of a process drawn uniformly, from a seeded generator: the same
 schedule for every run of a study.
 """

@@ -411,9 +411,14 @@ class Generation:
 
   def _kill_the_waiting_victim(self) -> None:
     """A process at its `--kill_at` step waits there to be killed; it is killed once every process trains (a peer
-    still starting would otherwise lose it before it could save or write anything down, as `random_kill` waits)."""
+    still starting would otherwise lose it before it could save or write anything down, as `random_kill` waits),
+    and never once the job goes down (a peer died first): one death a start, so each kill fires in a start of its
+    own."""
     with self._lock:
       if self._kill_waiting is None or len(self._ready) < self._num_processes:
+        return
+      if self._failure is not None:  # The job goes down already: the victim stops as a survivor, its kill not fired
+        self._kill_waiting = None  # (`control.ControlPipe.reached`); the next start kills it at that step.
         return
       (process_id, step), self._kill_waiting = self._kill_waiting, None
     self._kill(process_id, Failure(process_id, f'was killed by SIGKILL at step {step} (--kill_at)', True, step))

@@ -221,6 +221,11 @@ class RealFailures:
     keeps_live = self._live is not None and self.mode in LIVE_MODES
     distributed.handle_peer_loss(True, last_resort=self._stop_stuck, boundary_matters=keeps_live)
     distributed.report(step, 'setup')
+    if self._control.due_at_start(step):  # It waited at its kill step when the job went down: the kill lands now.
+      self._control.ready()  # (The launcher kills once every process trains: the peers' first boundaries.)
+      self._control.step(step)
+      self._control.reached(step, stop_waiting=lambda: distributed.peer_lost() is not None)
+      self._stop_for_a_lost_peer(step, state_L, self._local(sync_state_R), distributed.peer_lost())
 
   # The loop.
 
@@ -295,7 +300,8 @@ class RealFailures:
     # steps are collectives, it would never end).
     self._stop_if_a_peer_is_lost(step, state_L, driver)
     self._control.step(trained)
-    self._control.reached(trained)
+    self._control.reached(trained, stop_waiting=lambda: distributed.peer_lost() is not None)
+    self._stop_if_a_peer_is_lost(step, state_L, driver)  # Lost while it waited for its kill: a survivor after all.
     return state_L, driver, None
 
   def on_error(self, error: BaseException, step: int, state_L: Any, driver: Any) -> None:

@@ -1,12 +1,14 @@
 """Failures on purpose: the kill schedule, the control pipe, and the job history that records them."""
 
 import os
+import signal
 
 import pytest
 
 from shadowsync_jax.parallel import control
 from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import history
+from shadowsync_jax.parallel import launcher
 
 
 def test_kills_at_steps_fire_once_each_in_the_order_the_processes_reach_them():
@@ -45,6 +47,54 @@ def test_the_control_pipe_carries_ready_steps_and_a_kill_request(monkeypatch):
     assert lines.read().split('\n') == ['ready', 'step 6', '']
   silent = control.ControlPipe(None, None)
   silent.ready(), silent.step(1), silent.reached(1)  # No launcher: nothing happens.
+
+
+def test_a_victim_waiting_for_its_kill_goes_on_when_its_job_goes_down_and_is_killed_at_its_next_start(monkeypatch):
+  read_end, write_end = os.pipe()
+  monkeypatch.setenv(control.CONTROL_FD_ENV, str(write_end))
+  monkeypatch.setenv(control.KILL_AT_STEP_ENV, '7')
+  pipe = control.ControlPipe.from_environment()
+  asked = []
+  pipe.reached(7, stop_waiting=lambda: asked.append(1) or len(asked) > 3)  # A peer lost while it waits: it returns.
+  assert len(asked) == 4
+  assert pipe.due_at_start(7) and not pipe.due_at_start(6) and not control.ControlPipe(None, 7).due_at_start(7)
+  os.close(write_end)
+  with os.fdopen(read_end) as lines:
+    assert lines.read() == 'kill 7\n'
+
+
+class _Process:
+  """What the launcher's kill needs of a running process."""
+
+  def __init__(self):
+    self.signals = []
+
+  def poll(self):
+    return None
+
+  def send_signal(self, number):
+    self.signals.append(number)
+
+
+def _control_lines(generation: launcher.Generation, process_id: int, *lines: str) -> None:
+  read_end, write_end = os.pipe()
+  os.write(write_end, ''.join(f'{line}\n' for line in lines).encode())
+  os.close(write_end)
+  generation._control(read_end, process_id)  # pylint: disable=protected-access  (its control pipe's reader)
+
+
+def test_the_launcher_kills_a_waiting_victim_once_every_process_trains_and_never_once_the_job_goes_down():
+  generation = launcher.Generation(
+    ['--unused'], num_processes=2, cpu_devices=1, peer_timeout_s=1, pin_cpus=False, coordinator_port=0
+  )
+  generation._processes = [_Process(), _Process()]  # pylint: disable=protected-access
+  _control_lines(generation, 1, 'ready', 'step 40', 'kill 40')
+  assert generation._processes[1].signals == []  # pylint: disable=protected-access  (process 0 not training yet)
+  _control_lines(generation, 0, 'ready', 'step 90')
+  assert generation._processes[1].signals == [signal.SIGKILL]  # pylint: disable=protected-access
+  _control_lines(generation, 0, 'kill 90')  # Its peer died first: it stops as a survivor, its kill kept.
+  assert generation._processes[0].signals == []  # pylint: disable=protected-access
+  assert generation._failure.process == 1 and generation._failure.step == 40  # pylint: disable=protected-access
 
 
 def test_the_history_adds_up_failures_restores_and_lost_steps(tmp_path):
