@@ -7,6 +7,7 @@
   private_apis.bind_gloo_to(address)        # gloo's collectives on the address that reaches the peers
   private_apis.cache_writes_from_any_process()   # the persistent compilation cache written by every process
   private_apis.orbax_signals_in_process()   # orbax's save futures without the coordinator's key-value store
+  private_apis.await_orbax_cleanup(manager) # a checkpoint manager's removal of unfinished saves, done now
   private_apis.coordination_service(port, num_processes, heartbeat_timeout_s)   # jaxlib alone, no jax
 
 What they do that no public API does (jax 0.10.2, orbax-checkpoint 0.12.8):
@@ -21,6 +22,8 @@ What they do that no public API does (jax 0.10.2, orbax-checkpoint 0.12.8):
   everything again: `cache_writes_from_any_process` replaces the writer (`jax._src.compiler._cache_write`).
 - orbax's save futures look for signals in the coordinator's key-value store, which may be gone with a dead
   coordinator while a survivor saves its live state: `orbax_signals_in_process` keeps them in the process.
+- orbax's `CheckpointManager` removes unfinished saves in a thread it awaits only in its first save: a process that
+  ends before (a restore it refuses) prints that thread's traceback; `await_orbax_cleanup` waits for it at once.
 
 Nothing here runs at import: each patch is made by the call that needs it, once. `check_versions` says which
 installed versions differ from those above; the first call of any function here warns once when one does, and
@@ -150,6 +153,13 @@ def orbax_signals_in_process() -> None:
   from orbax.checkpoint._src.futures import signaling_client  # pylint: disable=g-import-not-at-top
 
   signaling_client.get_signaling_client = signaling_client.ThreadSafeKeyValueSignalingClient
+
+
+def await_orbax_cleanup(manager: Any) -> None:
+  """Waits for a `CheckpointManager`'s removal of the temporary directories of unfinished saves (`cleanup_tmp_
+  directories`), which it starts in a thread and awaits only in its first save."""
+  _warn_once_if_other_versions()
+  manager._maybe_await_cleanup_tmp_directory()  # pylint: disable=protected-access
 
 
 def coordination_service(port: int, num_processes: int, heartbeat_timeout_s: int) -> Any:

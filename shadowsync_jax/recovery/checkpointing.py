@@ -37,7 +37,7 @@ saved as the job-wide view of this process's arrays (orbax refuses a process-loc
 processes), so each process restores only its own directory.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import json
 import logging
 import pathlib
@@ -71,9 +71,12 @@ def saves_block(num_bytes: int) -> bool:
   return num_bytes > ASYNC_SAVE_MAX_BYTES
 
 
+START_OVER = 'Use a new workdir, or delete that checkpoint directory to start over.'
+
+
 class MismatchError(ValueError):
-  """A checkpoint of another state than this run's (the shapes its save wrote down differ): another model, algorithm,
-  replica count, or version of the code."""
+  """A checkpoint of another state than this run's (the shapes its save wrote down differ, or a differential's
+  initial state: `incremental`): another model, algorithm, replica count, seed, or version of the code."""
 
 
 class _WithoutSizeLogging(logging.Filter):
@@ -122,6 +125,9 @@ class Checkpointer:
         'tables': row_blocks.RowBlockHandler(),
       },
     )
+    # Its removal of the saves a kill cut short runs in a thread that a process ending soon after (a restore it
+    # refuses) would find shut down, printing orbax's traceback under its one line: done now (a directory's listing).
+    private_apis.await_orbax_cleanup(self._manager)
     self._leaf_reader: ocp.Checkpointer | None = None  # For restore_partial, made on first use.
     self._timings: dict[str, list[float]] = {'save_blocking_s': [], 'restore_s': []}
     self._bytes_written = 0
@@ -213,14 +219,11 @@ class Checkpointer:
       return  # Orbax's restore says what is wrong with the checkpoint.
     if saved is None:
       return
-    wanted = _shapes(abstract_state)
-    differ = [(name, saved.get(name), shape) for name, shape in wanted.items() if saved.get(name) != shape]
-    if differ or set(saved) != set(wanted):
-      name, there, here = differ[0] if differ else (sorted(set(saved) ^ set(wanted))[0], None, None)
+    differ = shape_difference(saved, leaf_shapes(abstract_state))
+    if differ is not None:
       raise MismatchError(
-        f'The checkpoint at step {step} in {self.directory} does not match this run: {name} is {there} there, '
-        f'{here} here (another model, sync algorithm, replica or process count, or an older version of the code). '
-        'Use a new workdir, or delete that checkpoint directory to start over.'
+        f'The checkpoint at step {step} in {self.directory} does not match this run: {differ} (another model, sync '
+        f'algorithm, replica or process count, or an older version of the code). {START_OVER}'
       )
 
   def _local(self, restored_job: PyTree) -> PyTree:
@@ -256,7 +259,7 @@ class Checkpointer:
     num_bytes = memory.state_bytes(state)
     self._last_blocked = saves_block(num_bytes)
     in_blocks = _large_leaves(state) if self._last_blocked else {}
-    shapes = _shapes(state)  # Of every leaf as saved: a restore into other shapes is refused (orbax would cut them).
+    shapes = leaf_shapes(state)  # Of every leaf as saved: a restore into other shapes is refused (orbax cuts them).
     if in_blocks:  # A byte a device where a leaf went to the `tables` item (orbax saves arrays only, here).
       num_local = self._meshes.local.shape[replicas.REPLICA_AXIS]
       sharding = replicas.replica_sharding(self._meshes.local)
@@ -350,10 +353,20 @@ def _leaf_name(path) -> str:
   return re.sub(r'[^A-Za-z0-9]+', '_', jax.tree_util.keystr(path)).strip('_')
 
 
-def _shapes(tree: PyTree) -> dict[str, list]:
+def leaf_shapes(tree: PyTree) -> dict[str, list]:
   """{leaf name: [shape, dtype]} of a tree of arrays or shapes (`SKIPPED` leaves left out)."""
   flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is SKIPPED)[0]
   return {_leaf_name(path): [list(x.shape), str(x.dtype)] for path, x in flat if x is not SKIPPED}
+
+
+def shape_difference(saved: Mapping[str, list], wanted: Mapping[str, list]) -> str | None:
+  """The first leaf whose shape and dtype as saved (`leaf_shapes`) differ from those wanted, said in words ('NAME
+  is [SHAPE, DTYPE] there, [...] here'); None where all agree."""
+  differ = [(name, saved.get(name), shape) for name, shape in wanted.items() if saved.get(name) != shape]
+  if not differ and set(saved) == set(wanted):
+    return None
+  name, there, here = differ[0] if differ else (sorted(set(saved) ^ set(wanted))[0], None, None)
+  return f'{name} is {there} there, {here} here'
 
 
 def _large_leaves(state: PyTree) -> dict[str, jax.Array]:

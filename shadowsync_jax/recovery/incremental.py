@@ -28,7 +28,11 @@ thread reads the stamps, gathers the changed rows into new buffers and copies th
 (dispatched, so the next step may update the state in place); a thread of its own copies them to the host and
 writes the file (a temporary file, fsynced and renamed: a process killed mid-write leaves no differential). A
 restore reads the baseline, then one differential over it (never a chain): bit for bit the state that was saved.
-A differential is started only once its baseline is complete on disk.
+A differential is started only once its baseline is complete on disk. A restore refuses
+(`checkpointing.MismatchError`) what it could not restore exactly: a differential writes down every leaf's shape and
+dtype, and over the initial state a checksum of each of its leaves (`fingerprint`); a run of other shapes, or whose
+rebuilt initial state differs (another seed, cardinalities, initializer or version of the code), is told so in one
+line, with the settings that differ from the saving run's, before anything is laid over it.
 
 Retention: a differential needs its baseline, so deleting a checkpoint never deletes a baseline that a kept
 differential names; `keep` (None: all) keeps the newest complete checkpoints and what they need, also across
@@ -44,6 +48,7 @@ import time
 from typing import Any, NamedTuple
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -109,11 +114,79 @@ def stamp_rows(row_steps_LxV: jax.Array, rows_LxK: jax.Array, step: jax.Array) -
   return jax.vmap(lambda r, ids: r.at[ids].set(step, mode='drop'))(row_steps_LxV, rows_LxK)
 
 
+def _bits(x: jax.Array) -> jax.Array:
+  """A leaf's bits as uint32 (8-byte values as two words on a last axis)."""
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
+  return lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+def _flat_index(shape: tuple[int, ...]) -> jax.Array:
+  """Each element's row-major position, modulo 2^32."""
+  index, stride = jnp.zeros(shape, jnp.uint32), 1
+  for axis in reversed(range(len(shape))):
+    index = index + lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride % 2**32)
+    stride *= shape[axis]
+  return index
+
+
+@jax.jit
+def _checksums(leaves: list[jax.Array]) -> list[jax.Array]:
+  """A uint32 checksum of each leaf: murmur3's finalizer over every element's bits and position, summed (one pass,
+  fused: no copy of the leaf)."""
+
+  def one(x):
+    bits = _bits(x)
+    h = bits ^ (_flat_index(bits.shape) * jnp.uint32(0x9E3779B9))
+    h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)
+    h = (h ^ (h >> 13)) * jnp.uint32(0xC2B2AE35)
+    return jnp.sum(h ^ (h >> 16), dtype=jnp.uint32)
+
+  return [one(x) for x in leaves]
+
+
+def fingerprint(tree: PyTree) -> dict[str, int]:
+  """{leaf path: checksum} of this process's part of a training tree: whether two trees hold the same values."""
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  sums = jax.device_get(_checksums([x for _, x in flat]))
+  return {jax.tree_util.keystr(path): int(total) for (path, _), total in zip(flat, sums)}
+
+
+def _settings_difference(saved: Mapping[str, Any] | None, here: Mapping[str, Any]) -> str:
+  """The settings of the saving run that differ from this run's, in words (the first few)."""
+  if saved is None:
+    return ''
+  differ = sorted(key for key in set(saved) | set(here) if saved.get(key) != here.get(key))
+  if not differ:
+    return '; no setting differs (another version of the code?)'
+  shown = '; '.join(_one_difference(key, saved.get(key), here.get(key)) for key in differ[:3])
+  more = f' (and {len(differ) - 3} more)' if len(differ) > 3 else ''
+  return f'; settings that differ: {shown}{more}'
+
+
+def _one_difference(key: str, there: Any, here: Any) -> str:
+  """'KEY THERE there, HERE here'; of two lists of one length, their first element that differs."""
+  if isinstance(there, list) and isinstance(here, list) and len(there) == len(here):
+    index = next(i for i, (a, b) in enumerate(zip(there, here)) if a != b)
+    key, there, here = f'{key}[{index}]', there[index], here[index]
+  return f'{key} {_short(there)} there, {_short(here)} here'
+
+
+def _short(value: Any) -> str:
+  text = json.dumps(value)
+  return text if len(text) <= 48 else text[:45] + '...'
+
+
 def _device_rows(array_LxV: jax.Array) -> list[np.ndarray]:
   """Each local device's row of an [L, V, ...] array on the host, in the order of the leading axis: on a CPU a view
   of its buffer (not a second [L, V] array assembled)."""
   shards = sorted(array_LxV.addressable_shards, key=lambda shard: shard.index[0].start or 0)
   return [np.asarray(shard.data)[0] for shard in shards]
+
+
+def _flat(tree: PyTree) -> list[tuple[Any, Any]]:
+  return jax.tree_util.tree_flatten_with_path(tree)[0]
 
 
 def bucket(count: int) -> int:
@@ -141,6 +214,7 @@ class TakenDifferential(NamedTuple):
   rows: dict[str, jax.Array]  # Path -> [L, M, ...], the rows of `ids_LxM` (zeros past the changed ones).
   dense: dict[str, jax.Array]  # Path -> a copy of the leaf.
   data: dict[str, Any]
+  identity: dict[str, Any]  # What a restore checks (`IncrementalCheckpointer._identity`).
 
 
 def file_leaves(taken: TakenDifferential) -> tuple[dict[str, np.ndarray] | None, int]:
@@ -152,7 +226,7 @@ def file_leaves(taken: TakenDifferential) -> tuple[dict[str, np.ndarray] | None,
     return None, most
   ids_LxM = np.asarray(jax.device_get(taken.ids_LxM))
   changed = [ids_LxM[local, :count] for local, count in enumerate(counts)]
-  meta = _meta(taken.step, taken.baseline, changed, taken.data)
+  meta = _meta(taken.step, taken.baseline, changed, taken.data, taken.identity)
   return _leaves(meta, changed, _cut(jax.device_get(taken.rows), changed), jax.device_get(taken.dense)), most
 
 
@@ -163,8 +237,16 @@ def _cut(rows: dict[str, np.ndarray], changed: list[np.ndarray]) -> dict[str, li
   }
 
 
-def _meta(step: int, baseline: int, changed: list[np.ndarray], data: dict[str, Any]) -> dict[str, Any]:
-  return {'step': step, 'baseline': baseline, 'rows_changed': [len(c) for c in changed], 'data': {'step': step, **data}}
+def _meta(
+  step: int, baseline: int, changed: list[np.ndarray], data: dict[str, Any], identity: dict[str, Any]
+) -> dict[str, Any]:
+  return {
+    'step': step,
+    'baseline': baseline,
+    'rows_changed': [len(c) for c in changed],
+    'data': {'step': step, **data},
+    **identity,
+  }
 
 
 def _leaves(meta: dict, changed: list[np.ndarray], rows: dict[str, list], dense: dict) -> dict[str, np.ndarray]:
@@ -191,8 +273,13 @@ class IncrementalCheckpointer:
     rebaseline_fraction: float = 0.5,
     keep: int | None = None,
     initial: Callable[[], PyTree] | None = None,
+    settings: Mapping[str, Any] | None = None,
   ):
+    """`settings`: the run's settings ({dotted key: JSON value}), written with each differential so that a restore
+    it refuses can name those that differ."""
     self._full, self._meshes, self._initial = full, meshes, initial
+    self._settings = dict(settings or {})
+    self._initial_sums: dict[str, int] | None = None  # `fingerprint` of the initial state (`note_initial`).
     self._rebaseline_fraction, self._keep = rebaseline_fraction, keep
     self.directory = full.directory
     self._differentials = full.directory.parent / 'differentials' / full.directory.name
@@ -290,8 +377,8 @@ class IncrementalCheckpointer:
     sharding = replicas.replica_sharding(self._meshes.local)
     row_paths = [path for path, _ in rows]
     values = _gather([x for _, x in rows], jax.device_put(ids_LxM, sharding))
+    meta = _meta(step, self._baseline, changed, data, self._identity(rows + dense))
     dense = _copy(dict(dense))
-    meta = _meta(step, self._baseline, changed, data)
     self._pending = self._writer.submit(self._write, meta, changed, dict(zip(row_paths, values)), dense)
     return True
 
@@ -305,8 +392,9 @@ class IncrementalCheckpointer:
     ids_LxM, counts_L = _changed_rows(dict(rows)[_STAMPS], self._baseline, size)
     values = _gather([x for _, x in rows], ids_LxM)
     paths = [path for path, _ in rows]
+    identity = self._identity(rows + dense)
     return TakenDifferential(
-      step, self._baseline, ids_LxM, counts_L, dict(zip(paths, values)), _copy(dict(dense)), data
+      step, self._baseline, ids_LxM, counts_L, dict(zip(paths, values)), _copy(dict(dense)), data, identity
     )
 
   def read_differential(self, step: int, tree: PyTree, **data: Any) -> dict[str, np.ndarray] | None:
@@ -318,12 +406,29 @@ class IncrementalCheckpointer:
     rows, dense = row_and_dense_leaves(tree)
     changed = self._changed_on_host(dict(rows)[_STAMPS])
     values = {path: [x_V[ids] for x_V, ids in zip(_device_rows(x), changed)] for path, x in rows}
-    meta = _meta(step, self._baseline, changed, data)
+    meta = _meta(step, self._baseline, changed, data, self._identity(rows + dense))
     return _leaves(meta, changed, values, jax.device_get(dict(dense)))
 
   def _changed_on_host(self, stamps_LxV: jax.Array) -> list[np.ndarray]:
     """Each local device's rows stamped after the baseline, read from its buffer (`take` finds them on the device)."""
     return [np.flatnonzero(row > self._baseline).astype(np.int32) for row in _device_rows(stamps_LxV)]
+
+  def note_initial(self, tree: PyTree) -> None:
+    """`tree` is the initial state this run built (it starts from it): its `fingerprint` goes with the
+    differentials over it."""
+    self._initial_sums = fingerprint(tree)
+
+  def _identity(self, leaves: list[tuple[str, Any]]) -> dict[str, Any]:
+    """What a restore of a differential over the current baseline checks before it lays it over: every leaf's shape
+    and dtype (`leaves`: (path, leaf) of the whole tree), the initial state's `fingerprint` where that is the
+    baseline, and the run's settings (to say which differ)."""
+    if self._baseline == INITIAL and self._initial_sums is None:
+      self._initial_sums = fingerprint(self._initial())  # Not noted by whoever built it: built again, once.
+    return {
+      'shapes': {path: [list(x.shape), str(x.dtype)] for path, x in leaves},
+      'initial': self._initial_sums if self._baseline == INITIAL else None,
+      'settings': self._settings,
+    }
 
   def hold(self, baseline: int | None) -> None:
     """Keeps `baseline` from deletion (besides what the checkpoints kept need): a live differential names it."""
@@ -373,7 +478,20 @@ class IncrementalCheckpointer:
     placed like `abstract`; the next differential is over the same baseline."""
     meta = json.loads(str(saved['meta']))
     baseline = meta['baseline']
-    tree = self._initial_like(abstract) if baseline == INITIAL else self._full.restore(baseline, abstract)[0]
+    if meta.get('shapes') is not None:  # (Differentials written before 2026-12-06 hold no shapes.)
+      wanted = {jax.tree_util.keystr(path): [list(x.shape), str(x.dtype)] for path, x in _flat(abstract)}
+      differ = checkpointing.shape_difference(meta['shapes'], wanted)
+      if differ is not None:
+        self._refuse(meta, differ + ' (another model, sync algorithm, replica or process count)')
+    if baseline == INITIAL:
+      tree = self._initial_like(abstract)
+      sums = fingerprint(tree)
+      if meta.get('initial') is not None and meta['initial'] != sums:
+        leaf = next(path for path, total in sums.items() if meta['initial'].get(path) != total)
+        self._refuse(meta, f"its rows go over the initial state of another run ({leaf} differs from this run's)")
+      self._initial_sums = sums
+    else:
+      tree = self._full.restore(baseline, abstract)[0]
     rows, _ = row_and_dense_leaves(tree)
     row_paths, num_rows = {path for path, _ in rows}, rows[0][1].shape[1]
     flat, structure = jax.tree_util.tree_flatten_with_path(tree)
@@ -398,6 +516,13 @@ class IncrementalCheckpointer:
       leaves[i] = jax.device_put(x, leaves[i].sharding)
     self._baseline = baseline
     return jax.block_until_ready(jax.tree.unflatten(structure, leaves)), meta['data']
+
+  def _refuse(self, meta: dict[str, Any], what: str) -> None:
+    over = 'the initial state' if meta['baseline'] == INITIAL else f'its baseline of step {meta["baseline"]}'
+    raise checkpointing.MismatchError(
+      f'The checkpoint at step {meta["step"]} in {self.directory} (a differential over {over}) does not match this '
+      f'run: {what}{_settings_difference(meta.get("settings"), self._settings)}. {checkpointing.START_OVER}'
+    )
 
   def _initial_like(self, abstract: PyTree) -> PyTree:
     """The initial state (`initial()`), placed like `abstract`."""

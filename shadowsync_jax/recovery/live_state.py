@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from shadowsync_jax.parallel import compilation_cache
+from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import incremental
 
 PyTree = Any
@@ -136,6 +137,15 @@ class LiveKeeper:
         return self._differentials.compose(saved, abstract)[0]
       leaves = {name: saved[name] for name in saved.files}
     paths, structure = jax.tree_util.tree_flatten_with_path(abstract)
+    differ = checkpointing.shape_difference(
+      {name: [list(x.shape), str(x.dtype)] for name, x in leaves.items()},
+      {jax.tree_util.keystr(path): [list(leaf.shape), str(leaf.dtype)] for path, leaf in paths},
+    )
+    if differ is not None:
+      raise checkpointing.MismatchError(
+        f'The live state of step {step} in {self.directory} does not match this run: {differ}. '
+        f'{checkpointing.START_OVER}'
+      )
     return jax.tree.unflatten(
       structure, [jax.device_put(leaves[jax.tree_util.keystr(path)], leaf.sharding) for path, leaf in paths]
     )

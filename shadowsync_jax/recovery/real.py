@@ -42,6 +42,7 @@ where set.
 """
 
 from collections.abc import Callable
+import json
 import pathlib
 import time
 from typing import Any
@@ -162,9 +163,14 @@ class RealFailures:
         self._saved = [restored_step]  # each process saves twice kept them all: 6 x 1.1 GB a process at Kaggle size.)
     if source == 'init':
       tree = self._initial_tree(fresh)
+      if isinstance(self._checkpointer, incremental.IncrementalCheckpointer):
+        self._checkpointer.note_initial(tree)  # The differentials over it say which initial state they need.
     started = time.perf_counter()
     if source == 'live':
-      tree = self._live.restore(restored_step, abstract)
+      try:
+        tree = self._live.restore(restored_step, abstract)
+      except checkpointing.MismatchError as error:  # Another run's state: say so.
+        raise UnrecoverableError(str(error)) from error
     elif source == 'checkpoint':
       try:
         tree, _ = self._checkpointer.restore(restored_step, abstract)
@@ -384,7 +390,9 @@ class RealFailures:
       return checkpointing.Checkpointer(directory, self._meshes, max_to_keep=keep)
     full = checkpointing.Checkpointer(directory, self._meshes, max_to_keep=None)
     fraction = self._config.recovery.rebaseline_fraction
-    return incremental.IncrementalCheckpointer(full, self._meshes, fraction, keep=keep, initial=initial)
+    return incremental.IncrementalCheckpointer(
+      full, self._meshes, fraction, keep=keep, initial=initial, settings=_settings(self._config)
+    )
 
   # Modes and intervals.
 
@@ -739,3 +747,19 @@ class RealFailures:
     host = jax.tree.map(np.asarray, sync_state_L)
     agreed = multihost_utils.broadcast_one_to_all(host, is_source=self._process == source)
     return jax.tree.map(lambda x, like: jax.device_put(np.asarray(x), like.sharding), agreed, sync_state_L)
+
+
+def _settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The run's config as {dotted key: JSON value}: each differential carries it, so that a restore it refuses names
+  the settings that differ."""
+  flat = {}
+
+  def walk(values: dict[str, Any], prefix: str) -> None:
+    for key, value in values.items():
+      if isinstance(value, dict):
+        walk(value, f'{prefix}{key}.')
+      else:
+        flat[f'{prefix}{key}'] = value
+
+  walk(config.to_dict(), '')
+  return json.loads(json.dumps(flat, default=str))

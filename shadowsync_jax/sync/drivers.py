@@ -10,7 +10,7 @@
     driver.next_due(step)                       # the next step it must act at (the loop ends a block there), or None
     ... metric writes, saves ...
     driver.loop_work(seconds)                   # what they took: shadow leaves a step with a save out of its pace
-  state_L = driver.finish(state_L)             # ends the rounds (shadow: a last one, with every process)
+  state_L = driver.finish(state_L)             # ends the rounds (shadow: the round in flight lands, no later one)
   rule = driver.consensus_rule()               # the model to evaluate (docs/design.md §3), read where it lives
   driver.stats()                               # sync_rounds, mean/max sync gap, mean round latency; shadow: the pace
 

@@ -75,6 +75,8 @@ def test_the_orbax_internals_it_uses():
   replacement = signaling_client.ThreadSafeKeyValueSignalingClient
   assert signaling_client.SignalingClient in replacement.__mro__
   assert _parameters(signaling_client.get_signaling_client) == [] and _parameters(replacement) == []  # Drop-in.
+  checkpoint_manager = importlib.import_module('orbax.checkpoint.checkpoint_manager')
+  assert _parameters(checkpoint_manager.CheckpointManager._maybe_await_cleanup_tmp_directory) == ['self']  # pylint: disable=protected-access
 
 
 def test_the_pinned_versions_are_those_it_was_written_for():

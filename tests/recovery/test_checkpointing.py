@@ -5,6 +5,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
@@ -55,6 +56,9 @@ def test_a_live_state_is_saved_exactly_or_from_its_newest_host_copy(tmp_path):
   np.testing.assert_array_equal(restored['train']['w'], np.full((4, 3), 9.0))
   assert restored['train']['n'].sharding == abstract['train']['n'].sharding
   assert keeper.pace_for(_tree(meshes, 0.0)) == 0.1  # A tiny state: copied as often as allowed.
+  with pytest.raises(checkpointing.MismatchError, match=r"\['train'\]\['w'\] is \[\[4, 3\], 'float32'\] there"):
+    w = abstract['train']['w']  # A run of wider rows.
+    keeper.restore(9, {'train': {**abstract['train'], 'w': jax.ShapeDtypeStruct((4, 5), w.dtype, sharding=w.sharding)}})
 
 
 def test_a_large_state_is_saved_blocking_by_blocks_of_rows_and_comes_back_exactly(tmp_path, monkeypatch):

@@ -155,6 +155,7 @@ def test_the_initial_state_is_the_first_baseline_rebuilt_never_written(tmp_path)
     initial=build,
   )
   checkpointer, abstract = make(build), checkpointing.abstract_like(initial)
+  checkpointer.note_initial(initial)  # As a run that starts from it: its differentials say which one they need.
   tree = _train(initial, rng, 10, 30)
   assert checkpointer.save(10, tree, position=10)
   checkpointer.wait()
@@ -179,6 +180,42 @@ def test_the_initial_state_is_the_first_baseline_rebuilt_never_written(tmp_path)
   again.close()
   with pytest.raises(ValueError, match='no way to rebuild it'):
     make(None).restore(20, abstract)
+
+
+def test_a_differential_is_refused_over_another_initial_state_or_into_other_shapes_naming_what_differs(tmp_path):
+  """What a differential restores is only exact over the initial state it was taken from, into the shapes it was
+  taken of: another one (another seed) or other shapes are refused in one line naming the leaf and the settings that
+  differ, before anything is laid over it; the same run restores it."""
+  meshes = replicas.make_meshes(L)
+  initial = _state(meshes, np.random.default_rng(3))
+  make = lambda build, settings: incremental.IncrementalCheckpointer(
+    checkpointing.Checkpointer(tmp_path / 'checkpoints', meshes, max_to_keep=None),
+    meshes,
+    initial=build,
+    settings=settings,
+  )
+  copy = lambda tree: lambda: jax.tree.map(jnp.copy, tree)  # Built anew, as a run builds it.
+  saving = make(copy(initial), {'seed': 3, 'data.cardinalities': [V, V]})
+  saving.note_initial(initial)
+  tree = _train(initial, np.random.default_rng(2), 10, 30)
+  saving.save(10, tree)
+  saving.close()
+  abstract = checkpointing.abstract_like(initial)
+  other_seed = _state(meshes, np.random.default_rng(4))
+  refusing = make(copy(other_seed), {'seed': 4, 'data.cardinalities': [V, V]})
+  with pytest.raises(checkpointing.MismatchError) as refused:
+    refusing.restore(10, abstract)
+  message = str(refused.value)
+  assert '\n' not in message and "initial state of another run (['train'].params['embedding'] differs" in message
+  assert 'settings that differ: seed 3 there, 4 here. Use a new workdir' in message, message
+  narrower = jax.tree.map(lambda x: x[:, : V - 10] if x.ndim >= 2 and x.shape[1] == V else x, initial)
+  with pytest.raises(checkpointing.MismatchError, match=r"\['train'\].params\['embedding'\] is \[\[2, 1000, 3\]"):
+    make(copy(narrower), {'seed': 3, 'data.cardinalities': [V, V - 10]}).restore(
+      10, checkpointing.abstract_like(narrower)
+    )
+  _assert_equal(make(copy(initial), {'seed': 3}).restore(10, abstract)[0], tree)  # Settings are only said.
+  assert incremental.fingerprint(initial) != incremental.fingerprint(other_seed)
+  assert incremental.fingerprint(initial) == incremental.fingerprint(jax.tree.map(jnp.copy, initial))
 
 
 def _wait_for(condition, seconds=30.0):
