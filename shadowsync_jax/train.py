@@ -499,7 +499,7 @@ def train_and_evaluate(
         timed_steps += steps
       delay.after_block(metrics, steps)
       # Shadow paces time the blocks that ended since the last boundary, less a compile of 'auto''s K.
-      driver.at_boundary(step, state, steps, waited, blocks.paused_s - paused_before)
+      state = driver.at_boundary(step, state, steps, waited, blocks.paused_s - paused_before)
       loop_work_start = time.perf_counter()
       log.at_boundary(step, state, steps, metrics, driver)
       progress_line.update(step)

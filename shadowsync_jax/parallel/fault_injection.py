@@ -14,13 +14,35 @@ its step when a peer dies first goes down as a survivor, and the next start, whi
 there before it trains (`control.ControlPipe.due_at_start`). Random kills are exponential in wall-clock
 time with mean `mtbf_s`, each of a process drawn uniformly, from a seeded generator: the same
 schedule for every run of a study.
+
+A kill inside a save (tests): with `SHADOWSYNC_KILL_IN_SAVE=STEP:writing` a process SIGKILLs itself while its save
+of STEP is being written (a whole save's files started and not complete; a differential's file written, not yet
+renamed complete), with `STEP:written` once that save is complete on disk (`kill_in_save`, called by the
+checkpointers): a kill that lands where it says, every time.
 """
 
+from collections.abc import Callable
 import dataclasses
+import os
+import signal
 
 import numpy as np
 
 from shadowsync_jax.parallel import control
+
+KILL_IN_SAVE_ENV = 'SHADOWSYNC_KILL_IN_SAVE'
+KILL_POINTS = ('writing', 'written')
+
+
+def kill_in_save(step: int, where: str, first: Callable[[], None] | None = None) -> None:
+  """A kill point (module docstring): SIGKILLs this process at once where `SHADOWSYNC_KILL_IN_SAVE` names the save
+  of `step` and `where` (one of `KILL_POINTS`), after `first()` (what makes it true: waiting for the save)."""
+  wanted = os.environ.get(KILL_IN_SAVE_ENV)
+  if not wanted or wanted != f'{step}:{where}':
+    return
+  if first is not None:
+    first()
+  os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclasses.dataclass

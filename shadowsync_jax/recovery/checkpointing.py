@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint import type_handlers
 
+from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import private_apis
 from shadowsync_jax.parallel import replicas
@@ -273,6 +274,7 @@ class Checkpointer:
       items['tables'] = row_blocks.RowBlockSave(in_blocks)
     started_s = time.perf_counter()
     started = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+    fault_injection.kill_in_save(step, 'writing')  # (Tests: its files started, orbax's thread writing them.)
     if started and self._last_blocked:
       self._manager.wait_until_finished()
     if started:

@@ -7,7 +7,7 @@
     state_L = driver.before_block(step, state_L)
     state_L, _ = train_block(state_L, block_L)
     step += n
-    driver.at_boundary(step, state_L, n)
+    state_L = driver.at_boundary(step, state_L, n)
     state_L, driver, rewind_to = recovery.at_boundary(step, state_L, n, block, driver)  # every block waited for
     if rewind_to is not None:                              # full recovery: the data goes back to the checkpoint
       step = rewind_to

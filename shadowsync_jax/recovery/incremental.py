@@ -54,6 +54,7 @@ import ml_collections
 import numpy as np
 
 from shadowsync_jax import config as config_lib
+from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
@@ -274,10 +275,13 @@ class IncrementalCheckpointer:
     keep: int | None = None,
     initial: Callable[[], PyTree] | None = None,
     settings: Mapping[str, Any] | None = None,
+    unfinished_while: Callable[[int], bool] | None = None,
   ):
     """`settings`: the run's settings ({dotted key: JSON value}), written with each differential so that a restore
-    it refuses can name those that differ."""
+    it refuses can name those that differ. `unfinished_while(step)`: while true, the differential of `step` waits,
+    written, before it is complete (tests: a kill asked for at that step lands in its write, every time)."""
     self._full, self._meshes, self._initial = full, meshes, initial
+    self._unfinished_while = unfinished_while
     self._settings = dict(settings or {})
     self._initial_sums: dict[str, int] | None = None  # `fingerprint` of the initial state (`note_initial`).
     self._rebaseline_fraction, self._keep = rebaseline_fraction, keep
@@ -442,6 +446,9 @@ class IncrementalCheckpointer:
       np.savez(file, **leaves)
       file.flush()
       os.fsync(file.fileno())
+    fault_injection.kill_in_save(meta['step'], 'writing')  # (Tests: written, not yet complete.)
+    while self._unfinished_while is not None and self._unfinished_while(meta['step']):
+      time.sleep(0.02)
     os.replace(temporary, path)
     self._account('differential', path.stat().st_size, sum(len(ids) for ids in changed))
 
@@ -560,8 +567,9 @@ class IncrementalCheckpointer:
     return newer
 
   def delete_before(self, step: int) -> None:
-    """Deletes the checkpoints older than `step` but the newest, and never a baseline a kept one needs."""
-    self.wait()
+    """Deletes the checkpoints older than `step` but the newest complete one, and never a baseline a kept one needs;
+    without waiting for a differential being written (the complete ones it leaves do not need it)."""
+    self._full.wait()
     steps = self.all_steps()
     needed = self._needed([s for s in steps if s >= step] + steps[-1:])
     self._delete([s for s in steps if s < step and s not in needed])

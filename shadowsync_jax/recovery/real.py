@@ -58,6 +58,7 @@ from shadowsync_jax.model import table_placement
 from shadowsync_jax.parallel import compilation_cache
 from shadowsync_jax.parallel import control
 from shadowsync_jax.parallel import distributed
+from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import history
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
@@ -390,8 +391,16 @@ class RealFailures:
       return checkpointing.Checkpointer(directory, self._meshes, max_to_keep=keep)
     full = checkpointing.Checkpointer(directory, self._meshes, max_to_keep=None)
     fraction = self._config.recovery.rebaseline_fraction
+    # A `--kill_at` step's differential stays unfinished until the kill (or a peer's death: then it survives).
+    kill_at = self._control.kill_at_step if self._control.fd is not None else None
     return incremental.IncrementalCheckpointer(
-      full, self._meshes, fraction, keep=keep, initial=initial, settings=_settings(self._config)
+      full,
+      self._meshes,
+      fraction,
+      keep=keep,
+      initial=initial,
+      settings=_settings(self._config),
+      unfinished_while=lambda step: step == kill_at and distributed.peer_lost() is None,
     )
 
   # Modes and intervals.
@@ -546,6 +555,7 @@ class RealFailures:
     self._last_save_s = started
     with compilation_cache.compiling() as compiled:
       self._checkpointer.save(step, checkpointing.training_tree(state_L, sync_state_L))
+    fault_injection.kill_in_save(step, 'written', first=self._checkpointer.wait)  # (Tests.)
     written = {
       'written': self._checkpointer.last_save.get('kind'),
       'bytes_written': self._checkpointer.last_save.get('bytes'),
@@ -674,7 +684,9 @@ class RealFailures:
     """At a block boundary: saves what survives (this step's live state, under partial recovery), writes it down,
     and exits PEER_LOST. Where the state of `step` cannot be read (its block failed in a collective, or was
     donated), the newest host copy is saved, and the step written down is the last one reported done: the block
-    that failed trained nothing."""
+    that failed trained nothing. Where nothing is saved, `step` is written down only if its block ended (a block
+    of collectives dispatched after the peer died never does: it once counted 2 steps trained again that never
+    were)."""
     saved = None
     if self._live is not None and self.mode in LIVE_MODES:
       try:
@@ -682,6 +694,8 @@ class RealFailures:
       except Exception as error:  # pylint: disable=broad-except  (a donated buffer: the newest host copy will do)
         print(f'Process {self._process} could not save its live state: {type(error).__name__}: {error}')
         saved, step = self._live.save_latest(), min(step, distributed.my_step())
+    elif not _ended(state_L):
+      step = min(step, distributed.my_step())
     self._write_down_and_exit(step, reason, saved)
 
   def _stop_stuck(self, reason: str) -> None:
@@ -747,6 +761,14 @@ class RealFailures:
     host = jax.tree.map(np.asarray, sync_state_L)
     agreed = multihost_utils.broadcast_one_to_all(host, is_source=self._process == source)
     return jax.tree.map(lambda x, like: jax.device_put(np.asarray(x), like.sharding), agreed, sync_state_L)
+
+
+def _ended(state_L: Any) -> bool:
+  """Whether the block that made `state_L` has ended (without waiting for it; a donated state has not)."""
+  try:
+    return state_L.step.is_ready()
+  except RuntimeError:  # Deleted: donated to a block dispatched after it.
+    return False
 
 
 def _settings(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -253,7 +253,7 @@ class _Loop:
       state, _, _, n = self._blocks.dispatch(state, step, due, rounds=driver)
       step += n
       if driver is not None:
-        driver.at_boundary(step, state, n, self._blocks.waited)
+        state = driver.at_boundary(step, state, n, self._blocks.waited)
     jax.block_until_ready(state)
     return state, step, steps * self._examples_per_step / (time.perf_counter() - start)
 

@@ -129,16 +129,22 @@ class ForegroundSync(_TrainingThreadOnly):
     return (step // self._every + 1) * self._every
 
   def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
+    """After the block that ends at `step`: the round due there, before the boundary's hooks, so that a checkpoint
+    of `step` holds it (the round due at a start ran before it, `start`: a restart that rewinds to a multiple of k
+    once skipped the round its checkpoint did not hold, and ended with another model than the run that never
+    failed)."""
     self._last_boundary = step
-    return state_L
+    return self._round(step, state_L)
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
-    """The round due at the last boundary, where no block came after it (a stop: the checkpoint holds it)."""
-    return state_L if abandon else self.before_block(self._last_boundary, state_L)
+    return state_L
 
   def before_block(self, step: int, state_L: Any) -> Any:
+    return state_L
+
+  def _round(self, step: int, state_L: Any) -> Any:
     """A round if `step` is a multiple of k after the start (the loop ends a block at each: `next_due`), waited
-    for before the next block is dispatched; once a step."""
+    for before the loop goes on; once a step."""
     if step % self._every or step <= self._last_round:
       return state_L
     self._last_round = step

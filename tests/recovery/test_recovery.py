@@ -1,7 +1,8 @@
 """Emulated failures and their recovery: what each mode restores, against saved values and hand-counted lookups;
 full recovery against the failure-free run; the reported PLS against checkpoint_interval; every kind of sync
-driver through failures. And a real crash: `experiments.train` killed by SIGKILL while orbax writes a checkpoint
-resumes from the newest complete one and ends with exactly the failure-free model."""
+driver through failures. And real crashes: `experiments.train` killed by SIGKILL in the middle of a baseline's
+write, of a differential's, or just after a save, resumes from the newest complete save and ends with exactly the
+failure-free model."""
 
 import json
 import os
@@ -19,6 +20,7 @@ from experiments.configs import default
 from shadowsync_jax import config as config_lib
 from shadowsync_jax import train
 from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import emulated as recovery_lib
@@ -391,59 +393,62 @@ def _in_progress(checkpoints: pathlib.Path) -> list[str]:
   return [path.name for path in checkpoints.iterdir() if 'tmp' in path.name]
 
 
-def _kill_during_a_save(workdir: pathlib.Path, env: dict[str, str]) -> None:
-  """Starts (or resumes) the run and SIGKILLs it as soon as a save is seen in progress after a complete one."""
-  checkpoints = workdir / 'checkpoints' / 'process_0'
-  process = subprocess.Popen(
-    _train_command(workdir), cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-  )
-  try:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-      if process.poll() is not None:
-        pytest.fail(f'the run ended before a save was caught:\n{process.stdout.read().decode()[-3000:]}')
-      if checkpoints.is_dir() and _complete_steps(checkpoints) and _in_progress(checkpoints):
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        return
-      time.sleep(0.001)
-    pytest.fail('no save was seen in progress within 300 s')
-  finally:
-    if process.poll() is None:
-      process.kill()
-      process.wait()
+_INCREMENTAL = '--config.recovery.incremental=true'
+# Tables of 20,000 rows: 30 steps change a few percent of their rows, so every save is a differential over the
+# initial state at the default `recovery.rebaseline_fraction` (the tiny tables' 50 rows all change between two saves:
+# there every incremental save is a baseline).
+_LARGE_TABLES = (20_000,) * 26
 
 
-def test_a_run_killed_while_saving_resumes_from_the_newest_complete_checkpoint(tmp_path, failure_free):
+@pytest.fixture(scope='module')
+def failure_free_large_tables(tmp_path_factory):
+  return train.train_and_evaluate(_micro(data__cardinalities=_LARGE_TABLES), tmp_path_factory.mktemp('large'))
+
+
+@pytest.mark.parametrize(
+  'flags, kill, newest',
+  [
+    ((_INCREMENTAL,), '30:writing', 20),  # A baseline (orbax's files) being written.
+    ((_INCREMENTAL, f'--config.data.cardinalities={_LARGE_TABLES}'), '30:writing', 20),  # A differential.
+    ((), '30:written', 30),  # A whole checkpoint, just complete.
+  ],
+  ids=['mid-baseline', 'mid-differential', 'just-after-a-save'],
+)
+def test_a_run_killed_in_a_save_resumes_from_the_newest_complete_one_exactly(tmp_path, request, flags, kill, newest):
+  """`experiments.train` SIGKILLs itself at a kill point of its save of step 30 (`fault_injection.kill_in_save`):
+  a save cut short is never restored, a complete one is; the run started again resumes from the newest complete
+  save and ends bit for bit with the model of the run that was never killed."""
   env = {**os.environ, 'PYTHONPATH': str(REPO_ROOT)}
-  checkpoints = tmp_path / 'checkpoints' / 'process_0'
-  for _ in range(3):  # A save can complete between seeing it and the kill; then the next save is caught.
-    _kill_during_a_save(tmp_path, env)
-    if _in_progress(checkpoints):
-      break
-  else:
-    pytest.fail('three kills in a row landed outside a save')
-  newest = _complete_steps(checkpoints)[-1]  # The interrupted save never became a checkpoint.
-
-  rerun = subprocess.run(
-    _train_command(tmp_path), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+  command = [*_train_command(tmp_path), *flags]
+  killed = subprocess.run(
+    command, cwd=REPO_ROOT, env={**env, fault_injection.KILL_IN_SAVE_ENV: kill}, capture_output=True, timeout=600
   )
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  checkpoints = tmp_path / 'checkpoints'
+  differentials = sorted(p.name for p in (checkpoints / 'differentials' / 'process_0').glob('*'))
+  if 'mid-differential' in request.node.name:  # Its file written, never renamed complete; 10 and 20 differentials.
+    assert differentials == ['10_0.npz', '20_0.npz', '30_0.npz.tmp'], differentials
+  elif 'mid-baseline' in request.node.name:  # Orbax's files of 30 started, not complete; 10 and 20 baselines.
+    assert _complete_steps(checkpoints / 'process_0') == [10, 20] and differentials == []
+    assert [name.split('.')[0] for name in _in_progress(checkpoints / 'process_0')] == ['30']
+  else:
+    assert _complete_steps(checkpoints / 'process_0')[-1] == 30 and not _in_progress(checkpoints / 'process_0')
+
+  rerun = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
   assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
   assert f'Resumed from the checkpoint at step {newest} of 96' in rerun.stdout, rerun.stdout[-3000:]
-  assert not _in_progress(checkpoints)  # Orbax removed the interrupted save's temporary directory.
+  assert not _in_progress(checkpoints / 'process_0') and not list(checkpoints.glob('differentials/*/*.tmp'))
   resumed = json.loads((tmp_path / 'summary.json').read_text())
   assert resumed['resumed_from_step'] == newest and resumed['train_steps'] == 96
+  reference = request.getfixturevalue('failure_free_large_tables' if '20000' in str(flags) else 'failure_free')
   # Nothing restored was corrupted: the model is bit for bit the one of a run that was never killed.
-  assert resumed['consensus_fingerprint_per_process'] == failure_free['consensus_fingerprint_per_process']
-  assert resumed['eval_ne'] == failure_free['eval_ne']
-
-  # Run once more on the finished workdir (a user repeating the command): it evaluates, trains nothing, exits 0.
-  again = subprocess.run(
-    _train_command(tmp_path), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
-  )
-  assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-  assert 'Resumed from the checkpoint at step 96 of 96' in again.stdout and 'no step trained' in again.stdout
-  assert json.loads((tmp_path / 'summary.json').read_text())['eval_ne'] == failure_free['eval_ne']
+  assert resumed['consensus_fingerprint_per_process'] == reference['consensus_fingerprint_per_process']
+  assert resumed['eval_ne'] == reference['eval_ne']
+  if not flags:  # Run once more on the finished workdir (a user repeating the command): it trains nothing, exits 0.
+    again = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert 'Resumed from the checkpoint at step 96 of 96' in again.stdout and 'no step trained' in again.stdout
+    assert json.loads((tmp_path / 'summary.json').read_text())['eval_ne'] == reference['eval_ne']
 
 
 @pytest.mark.parametrize('steps_per_dispatch, untimed', [('auto', 7), (16, 1)])

@@ -93,7 +93,7 @@ def _blocks_with_foreground_rounds(name: str, num_steps: int, gap: int = 5):
     block = input_pipeline.read_block(source, 4, config.batch_size, step, gap, gap)
     steps_L = replicas.shard(np.full(4, gap, np.int32), meshes.local)
     state, _ = train_block(state, replicas.shard(block, meshes.local), steps_L)
-    state = driver.before_block(step + gap, state)
+    state = driver.at_boundary(step + gap, state, gap)
   return jax.device_get(state.params), jax.device_get(driver.sync_state())
 
 
