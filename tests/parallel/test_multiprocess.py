@@ -70,18 +70,19 @@ def test_shadow_ea_across_two_processes_ends_with_one_model(tmp_path):
     tmp_path,
     '--config.num_replicas=4',
     '--config.sync.algorithm=shadow_ea',
-    '--config.data.num_train_examples=16384',
     '--config.train.checkpoint_every_steps=8',
   )
   assert code == 0, output
   summary = _summary(tmp_path)
   assert summary['num_processes'] == 2 and summary['num_replicas'] == 4
-  assert summary['train_examples'] == 16384
+  assert summary['train_examples'] == 65536
   assert len(summary['examples_per_sec_per_process']) == 2 and min(summary['examples_per_sec_per_process']) > 0
   assert summary['sync_rounds'] >= 1  # At least the one finish runs on the final params of both processes.
   fingerprints = summary['consensus_fingerprint_per_process']
   assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1], fingerprints
-  assert 0 < summary['eval_ne'] < 1.5  # 32 steps of EA: the center has barely moved from the initial model.
+  # A trained model: better than the best constant prediction (NE 1). 128 steps: 32 barely moved EA's center from
+  # the initial model (NE 0.9925 once; the bound was 1.5 then); 128 read 0.9496.
+  assert 0 < summary['eval_ne'] < 1.0, summary['eval_ne']
   assert '[launch] all 2 processes succeeded.' in output
   assert re.search(r'^\[p0\] eval NE', output, re.M) and not re.search(r'^\[p1\] eval NE', output, re.M)
 
