@@ -6,7 +6,7 @@ r"""Runs a job of N processes on this machine, restarts it when a process dies, 
 Everything after `--` goes to every `python -m experiments.train` process (`shadowsync_jax.parallel.launcher`).
 With `--max_restarts=N` the job comes back after a process is killed, crashes or hangs past `--peer_timeout_s`,
 up to N times (`shadowsync_jax.parallel.supervisor`); what each process restores is `recovery.mode`'s choice.
-Failures on purpose: `--kill_at=PROCESS@STEP` (the first generation only; tests) and `--kill_mtbf_s=S
+Failures on purpose: `--kill_at=PROCESS@STEP[,...]` (each once, in the order listed; tests) and `--kill_mtbf_s=S
 --kill_seed=K` (a random process SIGKILLed at exponential times of mean S seconds; studies). With restarts left,
 the next start waits ready (`--warm_standby`, the default: imported, its coordinator serving) from the moment every
 process trains, so a restart costs what a start costs after its imports: 1.3-1.8 s from a death to training again
@@ -40,7 +40,7 @@ flags.DEFINE_float('peer_timeout_s', 30.0, 'Passed to every process: how long a 
 flags.DEFINE_float('grace_s', 60.0, 'After a failure, how long the other processes get to stop on their own.')
 flags.DEFINE_bool('pin_cpus', False, 'Pin each process to its own share of the cores.')
 flags.DEFINE_integer('max_restarts', 0, 'How many times the job is started again after a failure.')
-flags.DEFINE_string('kill_at', '', 'PROCESS@STEP[,...]: SIGKILL that process when it reaches that step (once).')
+flags.DEFINE_string('kill_at', '', 'PROCESS@STEP[,...]: SIGKILL that process at that step (once each, in order).')
 flags.DEFINE_float('kill_mtbf_s', 0.0, 'SIGKILL a random process at exponential times of this mean (0: never).')
 flags.DEFINE_integer('kill_seed', 0, 'Seed of the random kills (which process, when).')
 flags.DEFINE_string('module', 'experiments.train', 'The Python module every process runs.')

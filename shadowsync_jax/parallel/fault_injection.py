@@ -6,14 +6,16 @@
   for gap_s, process in schedule.random_kills(): ...
 
 A kill at a step is deterministic and still a real kill (`control.ControlPipe.reached`): the process reaches the
-step (a checkpoint due there already started: a kill there lands in the save), asks for it and waits; the launcher
-answers with SIGKILL once every process trains (a peer still starting is never the one to lose it). Each
-`PROCESS@STEP` fires once, in the first start of the job in which that process reaches that step, so `1@40,0@90`
-kills process 1 at step 40, and process 0 at step 90 after the restart. One death a start: a process that waits at
-its step when a peer dies first goes down as a survivor, and the next start, which it begins at that step, kills it
-there before it trains (`control.ControlPipe.due_at_start`). Random kills are exponential in wall-clock
-time with mean `mtbf_s`, each of a process drawn uniformly, from a seeded generator: the same
-schedule for every run of a study.
+step (a checkpoint due there already started: a kill there lands in the save; an incremental one's differential
+stays unfinished until the kill), asks for it and waits; the launcher answers with SIGKILL once every process trains
+(a peer still starting is never the one to lose it). Each `PROCESS@STEP` fires once, in the order listed, so
+`1@40,0@90` kills process 1 at step 40, and process 0 at step 90 after the restart, whichever process is ahead: a
+process at its step before the kills listed before its own fired waits there, and goes down as a survivor when the
+earlier victim dies; the next start, which it begins at that step, kills it there before it trains
+(`control.ControlPipe.due_at_start`). One death a start. (Where the steps are collectives of the job, list the kills
+in step order: a process waiting at its step holds its peers' next step.) Random kills are exponential in
+wall-clock time with mean `mtbf_s`, each of a process drawn uniformly, from a seeded generator: the same schedule
+for every run of a study.
 
 A kill inside a save (tests): with `SHADOWSYNC_KILL_IN_SAVE=STEP:writing` a process SIGKILLs itself while its save
 of STEP is being written (a whole save's files started and not complete; a differential's file written, not yet
@@ -77,6 +79,11 @@ class KillSchedule:
     not fired yet."""
     steps = [step for process, step in self.kill_at if process == process_id]
     return {control.KILL_AT_STEP_ENV: str(steps[0])} if steps else {}
+
+  def is_next(self, process_id: int, step: int) -> bool:
+    """Whether the kill of `process_id` at `step` is the first listed that has not fired: the one the launcher
+    fires now (a later one waits at its step until then)."""
+    return bool(self.kill_at) and self.kill_at[0] == (process_id, step)
 
   def fired(self, process_id: int, step: int) -> None:
     if (process_id, step) in self.kill_at:

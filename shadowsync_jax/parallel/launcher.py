@@ -412,11 +412,13 @@ class Generation:
   def _kill_the_waiting_victim(self) -> None:
     """A process at its `--kill_at` step waits there to be killed; it is killed once every process trains (a peer
     still starting would otherwise lose it before it could save or write anything down, as `random_kill` waits),
-    and never once the job goes down (a peer died first): one death a start, so each kill fires in a start of its
-    own."""
+    never before the kills listed before its own (`KillSchedule.is_next`), and never once the job goes down (a peer
+    died first): one death a start, each kill in a start of its own, in the order listed."""
     with self._lock:
       if self._kill_waiting is None or len(self._ready) < self._num_processes:
         return
+      if self._kill_schedule is not None and not self._kill_schedule.is_next(*self._kill_waiting):
+        return  # A kill listed earlier first: this victim waits at its step, a survivor when that one dies.
       if self._failure is not None:  # The job goes down already: the victim stops as a survivor, its kill not fired
         self._kill_waiting = None  # (`control.ControlPipe.reached`); the next start kills it at that step.
         return

@@ -97,6 +97,27 @@ def test_the_launcher_kills_a_waiting_victim_once_every_process_trains_and_never
   assert generation._failure.process == 1 and generation._failure.step == 40  # pylint: disable=protected-access
 
 
+def test_the_launcher_fires_the_kills_in_the_order_listed_whichever_process_is_ahead():
+  schedule = fault_injection.KillSchedule.parse('0@20,1@40,0@90', mtbf_s=0.0, seed=0, num_processes=2)
+  schedule.fired(0, 20)  # In the start before.
+  generation = launcher.Generation(
+    ['--unused'],
+    num_processes=2,
+    cpu_devices=1,
+    peer_timeout_s=1,
+    pin_cpus=False,
+    coordinator_port=0,
+    kill_schedule=schedule,
+  )
+  generation._processes = [_Process(), _Process()]  # pylint: disable=protected-access
+  _control_lines(generation, 0, 'ready', 'step 90', 'kill 90')  # Ahead: at its step before process 1 at its own.
+  _control_lines(generation, 1, 'ready', 'step 30')
+  assert generation._processes[0].signals == [] and generation._processes[1].signals == []  # pylint: disable=protected-access
+  _control_lines(generation, 1, 'step 40', 'kill 40')
+  assert generation._processes[1].signals == [signal.SIGKILL] and generation._processes[0].signals == []  # pylint: disable=protected-access
+  assert generation._failure.process == 1 and generation._failure.step == 40  # pylint: disable=protected-access
+
+
 def test_the_history_adds_up_failures_restores_and_lost_steps(tmp_path):
   history.append(tmp_path, 'launcher', {'event': 'positions', 'generation': 0, 'steps': [50, 40]})
   history.append(tmp_path, 'launcher', {'event': 'failure', 'generation': 0, 'process': 1, 'how': 'killed'})
