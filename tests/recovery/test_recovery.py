@@ -288,6 +288,7 @@ def test_full_recovery_trains_the_lost_steps_again_to_the_failure_free_model(tmp
   ],
 )
 def test_every_kind_of_sync_driver_trains_through_failures(tmp_path, algorithm, mode, target):
+  steps = 192
   config = _micro(
     num_replicas=2,
     batch_size=64,
@@ -298,12 +299,13 @@ def test_every_kind_of_sync_driver_trains_through_failures(tmp_path, algorithm, 
     recovery__failure_target=target,
     recovery__target_pls=0.1,
     recovery__checkpoint_every_steps=12 if mode == 'full' else 0,
+    data__num_train_examples=steps * 128,
   )
   summary = train.train_and_evaluate(config, tmp_path)
-  assert summary['train_examples'] == 96 * 128 and summary['num_failures'] >= 2, summary['recovery']
-  # A trained model, not a diverged one: 96 steps of shadow_bmuf read NE 0.96-0.99 in most runs and 1.01 in one
-  # (where its 7-8 rounds fall is timing); quality is the studies' and the test above's.
-  assert summary['sync_rounds'] > 0 and summary['eval_ne'] < 1.05, summary
+  assert summary['train_examples'] == steps * 128 and summary['num_failures'] >= 2, summary['recovery']
+  # A trained model: better than the best constant prediction (NE 1). 96 steps were too few to say so: shadow_bmuf
+  # read 0.96-0.99 and once 1.01 (where its 7-8 rounds fall is timing); 192 read 0.936-0.949 for all three.
+  assert summary['sync_rounds'] > 0 and summary['eval_ne'] < 1.0, summary
   if mode == 'full':
     assert summary['recovery']['retrained_steps'] > 0
     restores = len({f['step'] for f in summary['recovery']['failures']})
@@ -311,14 +313,14 @@ def test_every_kind_of_sync_driver_trains_through_failures(tmp_path, algorithm, 
     return
   # Partial modes report the interval and PLS of `checkpoint_interval` for the failures the schedule drew.
   num_parts = 2 if target == 'replica' else 4
-  interval = checkpoint_interval.partial_recovery_interval(0.1, 25.0, num_parts, 96)
+  interval = checkpoint_interval.partial_recovery_interval(0.1, 25.0, num_parts, steps)
   assert summary['checkpoint_interval_steps'] == interval
-  assert summary['estimated_pls'] == pytest.approx(checkpoint_interval.expected_pls(interval, 25.0, num_parts, 96))
-  drawn = list(failures.FailureSchedule(0, 25.0, target, 2, 4, total_steps=96))
+  assert summary['estimated_pls'] == pytest.approx(checkpoint_interval.expected_pls(interval, 25.0, num_parts, steps))
+  drawn = list(failures.FailureSchedule(0, 25.0, target, 2, 4, total_steps=steps))
   checkpoints = summary['recovery']['checkpoint_steps']
-  assert checkpoints == [0] + list(range(interval, 97, interval))
+  assert checkpoints == [0] + list(range(interval, steps + 1, interval))
   assert summary['actual_pls'] == pytest.approx(
-    checkpoint_interval.measured_pls(checkpoint_interval.lost_steps(drawn, checkpoints), num_parts, 96)
+    checkpoint_interval.measured_pls(checkpoint_interval.lost_steps(drawn, checkpoints), num_parts, steps)
   )
   assert summary['actual_pls'] > 0 and 0 < summary['recovery']['lost_lookup_fraction'] < 1
 
