@@ -38,6 +38,7 @@ processes), so each process restores only its own directory.
 """
 
 from collections.abc import Callable, Mapping
+import functools
 import json
 import logging
 import pathlib
@@ -99,7 +100,11 @@ class Checkpointer:
     meshes: replicas.ReplicaMeshes,
     every_steps: int = 0,
     max_to_keep: int | None = 2,
+    during_save: Callable[[int], None] | None = None,
   ):
+    """`during_save(step)`: called inside each save's write, before the save can complete (tests: a `--kill_at`
+    kill at a save's step lands in its write, every time)."""
+    self._during_save = during_save
     # Orbax's save futures look for signals in the coordinator's key-value store; a process's own saves need none,
     # and the store may be gone with a dead coordinator while a survivor saves its live state: keep them here.
     private_apis.orbax_signals_in_process()
@@ -270,8 +275,9 @@ class Checkpointer:
       'state': ocp.args.PyTreeSave(replicas.to_job(state, self._meshes)),
       'data': ocp.args.JsonSave({'step': step, **data, _SHAPES: shapes}),
     }
-    if in_blocks:
-      items['tables'] = row_blocks.RowBlockSave(in_blocks)
+    if in_blocks or self._during_save is not None:
+      during = None if self._during_save is None else functools.partial(self._during_save, step)
+      items['tables'] = row_blocks.RowBlockSave(in_blocks, during)
     started_s = time.perf_counter()
     started = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
     fault_injection.kill_in_save(step, 'writing')  # (Tests: its files started, orbax's thread writing them.)

@@ -16,6 +16,7 @@ the arrays while a save runs (`checkpointing` saves large states blocking).
 Every process writes only its own shards, under `<array>/process_<p>` (no collective, no coordination).
 """
 
+from collections.abc import Callable
 import dataclasses
 import functools
 import math
@@ -42,6 +43,8 @@ class RowBlockHandler(ocp.CheckpointHandler):
   """This process's shards of some arrays ([L, rows, ...], the leading axis its local devices), by blocks of rows."""
 
   def save(self, directory: epath.Path, args: 'RowBlockSave') -> None:
+    if args.during is not None:
+      args.during()
     for name, array in args.arrays.items():
       for local, shard in enumerate(_local_shards(array)):
         _write(_spec(directory, name, local), shard)
@@ -57,6 +60,7 @@ class RowBlockHandler(ocp.CheckpointHandler):
 @dataclasses.dataclass
 class RowBlockSave(ocp.args.CheckpointArgs):
   arrays: dict[str, jax.Array]  # Name -> this process's [L, rows, ...] array (its local devices' shards).
+  during: Callable[[], None] | None = None  # Called inside the save, before it can complete (`Checkpointer`).
 
 
 @ocp.args.register_with_handler(RowBlockHandler, for_restore=True)

@@ -72,21 +72,26 @@ def failure_free(tmp_path_factory):
 
 
 @pytest.mark.slow  # Three starts of a 2-process job.
-def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failure_free_model(tmp_path, failure_free):
+@pytest.mark.parametrize('saves', ['differentials', 'baselines'])
+def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failure_free_model(
+  tmp_path, failure_free, saves
+):
   """The tables sharded over both processes, so each death loses real shards and leaves the survivor stuck in a
   lookup's collective until the launcher stops it: both restart from the newest checkpoint both have, each
   restoring its own shards, and end with the model of the run that never failed (which saved whole checkpoints).
-  Checkpoints here are incremental: differentials of the initial state, never written (the tiny tables' rows nearly
-  all change between two saves: differentials are kept from adding up to a new baseline), each restore the initial
-  state built again and one differential over it."""
+  Checkpoints here are incremental: differentials of the initial state, never written (kept from adding up to a new
+  baseline: the tiny tables' rows nearly all change between two saves), each restore the initial state built again
+  and one differential over it; or, at the default `rebaseline_fraction`, a written baseline every save (so)."""
+  fraction = ['--config.recovery.rebaseline_fraction=1000'] if saves == 'differentials' else []
   code, output = _launch(
     tmp_path,
     *_SHARDED_FR_MA,
     '--config.recovery.mode=full',
     '--config.recovery.incremental=true',
-    '--config.recovery.rebaseline_fraction=1000',
-    # Both at a checkpoint step: the kills land in the middle of its differential's write (held unfinished until the
-    # kill: `unfinished_while`), so that save is never restored and the steps since the one before are trained again.
+    *fraction,
+    # Both at a checkpoint step: the kills land in the middle of its save's write (a differential held unfinished,
+    # a baseline's write asking for the kill: `during_save`), so that save is never restored and the steps since the
+    # one before are trained again.
     launcher_flags=('--max_restarts=2', '--kill_at=1@48,0@96'),
   )
   assert code == 0, output[-4000:]
@@ -121,7 +126,11 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
   # Nothing lost, nothing trained twice: bit for bit the model of the run that never failed.
   assert summary['consensus_fingerprint_per_process'] == failure_free['consensus_fingerprint_per_process']
   assert summary['eval_ne'] == failure_free['eval_ne'] and summary['train_steps'] == STEPS
-  assert summary['checkpoint_baselines'] == [0, 0] and all(n > 0 for n in summary['checkpoint_saves']), summary
+  assert all(n > 0 for n in summary['checkpoint_saves']), summary
+  if saves == 'differentials':
+    assert summary['checkpoint_baselines'] == [0, 0], summary
+  else:  # Every save a baseline (the newest start's: its saves at 80 or 96 and 112, and the final one).
+    assert summary['checkpoint_baselines'] == summary['checkpoint_saves'], summary
   assert summary['incremental'] == [True, True] and failure_free['incremental'] == [False, False]
 
 
