@@ -205,6 +205,21 @@ def steps_time(summary: dict[str, Any]) -> float:
   )
 
 
+def unexplained_s(row: dict[str, Any], reference: dict[str, Any]) -> float | None:
+  """Seconds of a run's wall time over the reference's that no counted part explains: the wall overhead less its
+  saves, restores, work again and restarts (None where the run's summary has no split)."""
+  split = (row.get('recovery') or {}).get('overhead_s') or {}
+  if 'checkpoint_s' not in split or 'restart_s' not in split:
+    return None
+  return row['job_wall_s'] - reference['job_wall_s'] - split['checkpoint_s'] - split['restart_s']
+
+
+def unexplained_share(row: dict[str, Any], reference: dict[str, Any]) -> float | None:
+  """`unexplained_s` over the run's wall overhead in seconds (None: no split, or no overhead)."""
+  seconds, over = unexplained_s(row, reference), row['job_wall_s'] - reference['job_wall_s']
+  return None if seconds is None or over <= 0 else seconds / over
+
+
 def restart_seconds(row: dict[str, Any]) -> list[float]:
   """Seconds of each restart of a run (its summary's split over its failures)."""
   recovery = row.get('recovery') or {}
@@ -224,6 +239,7 @@ def by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
       'checkpoint_overhead_vs_full': [vs_full(r, rows) for r in mode_runs],
       'restart_overhead_pct': [share(r, 'restart') for r in mode_runs],
       'wall_overhead_pct': [r['overhead_pct'] for r in mode_runs],
+      'unexplained_share': [unexplained_share(r, reference) for r in mode_runs],
       'eval_ne': [r['eval_ne'] for r in mode_runs],
       'ne_vs_reference_pct': [r['ne_vs_reference_pct'] for r in mode_runs],
       'failures': [r['num_failures'] for r in mode_runs],
@@ -245,8 +261,9 @@ def table(rows: list[dict[str, Any]]) -> str:
   modes = by_mode(rows)
   lines = [
     '| mode | seeds | failures | **checkpoint-related overhead** | vs full (same seed) | restart overhead | '
-    's a restart | wall overhead | NE vs no failures | rows a checkpoint writes | MB written /s a process |',
-    '|---|---|---|---|---|---|---|---|---|---|---|',
+    's a restart | wall overhead | of it unexplained | NE vs no failures | rows a checkpoint writes | '
+    'MB written /s a process |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for mode, m in modes.items():
     vs_full_span = spread.span(m, 'checkpoint_overhead_vs_full', '{:.2f}')
@@ -255,14 +272,15 @@ def table(rows: list[dict[str, Any]]) -> str:
       f'| {mode} | {len(m["kill_seeds"])} | {m["failures"]:.1f} | '
       f'**{spread.span(m, "checkpoint_overhead_pct", "{:.2f}%")}** | '
       f'{vs_full_span} | {spread.span(m, "restart_overhead_pct", "{:.1f}%")} | {per_restart} | '
-      f'{spread.span(m, "wall_overhead_pct", "{:.1f}%")} | {spread.span(m, "ne_vs_reference_pct", "{:+.3f}%")} | '
+      f'{spread.span(m, "wall_overhead_pct", "{:.1f}%")} | {spread.span(m, "unexplained_share", "{:.0%}")} | '
+      f'{spread.span(m, "ne_vs_reference_pct", "{:+.3f}%")} | '
       f'{spread.span(m, "rows_written_share", "{:.1%}")} | {spread.span(m, "mb_written_per_s", "{:.1f}")} |'
     )
   lines += [
     '',
     '| run | failures | restarts | wall s | wall overhead | saves s | restores s | work again s | restarts s | '
-    'checkpoint-related | vs full | restarts | PLS | eval NE | NE vs no failures | chose |',
-    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+    'unexplained s | checkpoint-related | vs full | restarts | PLS | eval NE | NE vs no failures | chose |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for r in rows:
     recovery = r.get('recovery') or {}
@@ -275,8 +293,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines.append(
       f'| {r["label"]} | {r["num_failures"]} | {recovery.get("num_restarts", 0)} | {r["job_wall_s"]:.1f} | '
       f'{r["overhead_pct"]:.1f}% | {seconds("save_s")} | {seconds("restore_s")} | {seconds("retrained_s")} | '
-      f'{seconds("restart_s")} | {pct("checkpoint")} | {of_full} | '
+      f'{seconds("restart_s")} | {_seconds(unexplained_s(r, rows[0]) if r is not rows[0] else None)} | '
+      f'{pct("checkpoint")} | {of_full} | '
       f'{pct("restart")} | '
       f'{r.get("actual_pls") or 0:.4f} | {r["eval_ne"]:.5f} | {r["ne_vs_reference_pct"]:+.3f}% | {chose} |'
     )
   return '\n'.join(lines)
+
+
+def _seconds(value: float | None) -> str:
+  return '' if value is None else f'{value:.2f}'
