@@ -30,9 +30,10 @@ writes the file (a temporary file, fsynced and renamed: a process killed mid-wri
 restore reads the baseline, then one differential over it (never a chain): bit for bit the state that was saved.
 A differential is started only once its baseline is complete on disk. A restore refuses
 (`checkpointing.MismatchError`) what it could not restore exactly: a differential writes down every leaf's shape and
-dtype, and over the initial state a checksum of each of its leaves (`fingerprint`); a run of other shapes, or whose
-rebuilt initial state differs (another seed, cardinalities, initializer or version of the code), is told so in one
-line, with the settings that differ from the saving run's, before anything is laid over it.
+dtype, and over the initial state a checksum of each of its leaves (`fingerprint`: of 2^16 of its rows at most); a
+run of other shapes, or whose rebuilt initial state differs (another seed, cardinalities, initializer or version of
+the code), is told so in one line, with the settings that differ from the saving run's, before anything is laid
+over it.
 
 Retention: a differential needs its baseline, so deleting a checkpoint never deletes a baseline that a kept
 differential names; `keep` (None: all) keeps the newest complete checkpoints and what they need, also across
@@ -132,12 +133,19 @@ def _flat_index(shape: tuple[int, ...]) -> jax.Array:
   return index
 
 
+_FINGERPRINT_ROWS = 1 << 16  # Rows of a leaf [L, V, ...] a fingerprint reads at most, evenly spaced.
+
+
 @jax.jit
 def _checksums(leaves: list[jax.Array]) -> list[jax.Array]:
   """A uint32 checksum of each leaf: murmur3's finalizer over every element's bits and position, summed (one pass,
-  fused: no copy of the leaf)."""
+  fused: no copy of the leaf); of a leaf of more than `_FINGERPRINT_ROWS` rows, that many evenly spaced (another seed
+  or initializer changes every row; hashed whole, a process's 1.2 GB at Criteo Kaggle's size took 0.7 s of a core,
+  on every start from the initial state and every restore over it)."""
 
   def one(x):
+    if x.ndim >= 2 and x.shape[1] > _FINGERPRINT_ROWS:
+      x = x[:, :: -(-x.shape[1] // _FINGERPRINT_ROWS)]
     bits = _bits(x)
     h = bits ^ (_flat_index(bits.shape) * jnp.uint32(0x9E3779B9))
     h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)
