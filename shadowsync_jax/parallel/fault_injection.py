@@ -19,8 +19,8 @@ for every run of a study.
 
 A kill inside a save (tests): with `SHADOWSYNC_KILL_IN_SAVE=STEP:writing` a process SIGKILLs itself while its save
 of STEP is being written (a whole save's files started and not complete; a differential's file written, not yet
-renamed complete), with `STEP:written` once that save is complete on disk (`kill_in_save`, called by the
-checkpointers): a kill that lands where it says, every time.
+renamed complete), with `STEP:written` once that save is complete on disk (`kill_in_save`, called by
+`recovery.real` inside the checkpointers' writes): a kill that lands where it says, every time.
 """
 
 from collections.abc import Callable
@@ -33,12 +33,16 @@ import numpy as np
 from shadowsync_jax.parallel import control
 
 KILL_IN_SAVE_ENV = 'SHADOWSYNC_KILL_IN_SAVE'
-KILL_POINTS = ('writing', 'written')
+
+
+def kills_in_saves() -> bool:
+  """Whether this process is to kill itself at a kill point of a save (`kill_in_save`)."""
+  return bool(os.environ.get(KILL_IN_SAVE_ENV))
 
 
 def kill_in_save(step: int, where: str, first: Callable[[], None] | None = None) -> None:
   """A kill point (module docstring): SIGKILLs this process at once where `SHADOWSYNC_KILL_IN_SAVE` names the save
-  of `step` and `where` (one of `KILL_POINTS`), after `first()` (what makes it true: waiting for the save)."""
+  of `step` and `where` ('writing' or 'written'), after `first()` (what makes it true: waiting for the save)."""
   wanted = os.environ.get(KILL_IN_SAVE_ENV)
   if not wanted or wanted != f'{step}:{where}':
     return

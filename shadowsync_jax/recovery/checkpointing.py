@@ -53,7 +53,6 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint import type_handlers
 
-from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import private_apis
 from shadowsync_jax.parallel import replicas
@@ -280,7 +279,6 @@ class Checkpointer:
       items['tables'] = row_blocks.RowBlockSave(in_blocks, during)
     started_s = time.perf_counter()
     started = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
-    fault_injection.kill_in_save(step, 'writing')  # (Tests: its files started, orbax's thread writing them.)
     if started and self._last_blocked:
       self._manager.wait_until_finished()
     if started:
@@ -364,7 +362,12 @@ def _leaf_name(path) -> str:
 def leaf_shapes(tree: PyTree) -> dict[str, list]:
   """{leaf name: [shape, dtype]} of a tree of arrays or shapes (`SKIPPED` leaves left out)."""
   flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is SKIPPED)[0]
-  return {_leaf_name(path): [list(x.shape), str(x.dtype)] for path, x in flat if x is not SKIPPED}
+  return {_leaf_name(path): shape_of(x) for path, x in flat if x is not SKIPPED}
+
+
+def shape_of(x: Any) -> list:
+  """[shape, dtype] of an array or shape, as the checkpoints write it down (`leaf_shapes`, `shape_difference`)."""
+  return [list(x.shape), str(x.dtype)]
 
 
 def shape_difference(saved: Mapping[str, list], wanted: Mapping[str, list]) -> str | None:

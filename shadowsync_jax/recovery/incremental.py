@@ -49,13 +49,11 @@ import time
 from typing import Any, NamedTuple
 
 import jax
-from jax import lax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from shadowsync_jax import config as config_lib
-from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
@@ -116,41 +114,19 @@ def stamp_rows(row_steps_LxV: jax.Array, rows_LxK: jax.Array, step: jax.Array) -
   return jax.vmap(lambda r, ids: r.at[ids].set(step, mode='drop'))(row_steps_LxV, rows_LxK)
 
 
-def _bits(x: jax.Array) -> jax.Array:
-  """A leaf's bits as uint32 (8-byte values as two words on a last axis)."""
-  if x.dtype == jnp.bool_:
-    return x.astype(jnp.uint32)
-  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
-  return lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
-
-
-def _flat_index(shape: tuple[int, ...]) -> jax.Array:
-  """Each element's row-major position, modulo 2^32."""
-  index, stride = jnp.zeros(shape, jnp.uint32), 1
-  for axis in reversed(range(len(shape))):
-    index = index + lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride % 2**32)
-    stride *= shape[axis]
-  return index
-
-
 _FINGERPRINT_ROWS = 1 << 16  # Rows of a leaf [L, V, ...] a fingerprint reads at most, evenly spaced.
 
 
 @jax.jit
 def _checksums(leaves: list[jax.Array]) -> list[jax.Array]:
-  """A uint32 checksum of each leaf: murmur3's finalizer over every element's bits and position, summed (one pass,
-  fused: no copy of the leaf); of a leaf of more than `_FINGERPRINT_ROWS` rows, that many evenly spaced (another seed
-  or initializer changes every row; hashed whole, a process's 1.2 GB at Criteo Kaggle's size took 0.7 s of a core,
-  on every start from the initial state and every restore over it)."""
+  """`replicas.checksum` of each leaf; of a leaf of more than `_FINGERPRINT_ROWS` rows, of that many evenly spaced
+  (another seed or initializer changes every row; hashing the whole tables cost a process at Criteo Kaggle's size
+  most of a second of a core at every start from the initial state and every restore over it)."""
 
   def one(x):
     if x.ndim >= 2 and x.shape[1] > _FINGERPRINT_ROWS:
       x = x[:, :: -(-x.shape[1] // _FINGERPRINT_ROWS)]
-    bits = _bits(x)
-    h = bits ^ (_flat_index(bits.shape) * jnp.uint32(0x9E3779B9))
-    h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)
-    h = (h ^ (h >> 13)) * jnp.uint32(0xC2B2AE35)
-    return jnp.sum(h ^ (h >> 16), dtype=jnp.uint32)
+    return replicas.checksum(x.reshape(-1, *x.shape[2:]) if x.ndim >= 2 else x)
 
   return [one(x) for x in leaves]
 
@@ -192,10 +168,6 @@ def _device_rows(array_LxV: jax.Array) -> list[np.ndarray]:
   of its buffer (not a second [L, V] array assembled)."""
   shards = sorted(array_LxV.addressable_shards, key=lambda shard: shard.index[0].start or 0)
   return [np.asarray(shard.data)[0] for shard in shards]
-
-
-def _flat(tree: PyTree) -> list[tuple[Any, Any]]:
-  return jax.tree_util.tree_flatten_with_path(tree)[0]
 
 
 def bucket(count: int) -> int:
@@ -283,13 +255,14 @@ class IncrementalCheckpointer:
     keep: int | None = None,
     initial: Callable[[], PyTree] | None = None,
     settings: Mapping[str, Any] | None = None,
-    unfinished_while: Callable[[int], bool] | None = None,
+    during_write: Callable[[int], None] | None = None,
   ):
     """`settings`: the run's settings ({dotted key: JSON value}), written with each differential so that a restore
-    it refuses can name those that differ. `unfinished_while(step)`: while true, the differential of `step` waits,
-    written, before it is complete (tests: a kill asked for at that step lands in its write, every time)."""
+    it refuses can name those that differ. `during_write(step)`: called with the differential of `step` written and
+    not yet complete, as `checkpointing.Checkpointer`'s `during_save` is inside a whole save (tests: kills that land
+    in a save's write)."""
     self._full, self._meshes, self._initial = full, meshes, initial
-    self._unfinished_while = unfinished_while
+    self._during_write = during_write
     self._settings = dict(settings or {})
     self._initial_sums: dict[str, int] | None = None  # `fingerprint` of the initial state (`note_initial`).
     self._rebaseline_fraction, self._keep = rebaseline_fraction, keep
@@ -437,7 +410,7 @@ class IncrementalCheckpointer:
     if self._baseline == INITIAL and self._initial_sums is None:
       self._initial_sums = fingerprint(self._initial())  # Not noted by whoever built it: built again, once.
     return {
-      'shapes': {path: [list(x.shape), str(x.dtype)] for path, x in leaves},
+      'shapes': {path: checkpointing.shape_of(x) for path, x in leaves},
       'initial': self._initial_sums if self._baseline == INITIAL else None,
       'settings': self._settings,
     }
@@ -454,9 +427,8 @@ class IncrementalCheckpointer:
       np.savez(file, **leaves)
       file.flush()
       os.fsync(file.fileno())
-    fault_injection.kill_in_save(meta['step'], 'writing')  # (Tests: written, not yet complete.)
-    while self._unfinished_while is not None and self._unfinished_while(meta['step']):
-      time.sleep(0.02)
+    if self._during_write is not None:
+      self._during_write(meta['step'])
     os.replace(temporary, path)
     self._account('differential', path.stat().st_size, sum(len(ids) for ids in changed))
 
@@ -494,7 +466,8 @@ class IncrementalCheckpointer:
     meta = json.loads(str(saved['meta']))
     baseline = meta['baseline']
     if meta.get('shapes') is not None:  # (Differentials written before 2026-12-06 hold no shapes.)
-      wanted = {jax.tree_util.keystr(path): [list(x.shape), str(x.dtype)] for path, x in _flat(abstract)}
+      flat = jax.tree_util.tree_flatten_with_path(abstract)[0]
+      wanted = {jax.tree_util.keystr(path): checkpointing.shape_of(x) for path, x in flat}
       differ = checkpointing.shape_difference(meta['shapes'], wanted)
       if differ is not None:
         self._refuse(meta, differ + ' (another model, sync algorithm, replica or process count)')

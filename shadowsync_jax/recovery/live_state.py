@@ -138,8 +138,8 @@ class LiveKeeper:
       leaves = {name: saved[name] for name in saved.files}
     paths, structure = jax.tree_util.tree_flatten_with_path(abstract)
     differ = checkpointing.shape_difference(
-      {name: [list(x.shape), str(x.dtype)] for name, x in leaves.items()},
-      {jax.tree_util.keystr(path): [list(leaf.shape), str(leaf.dtype)] for path, leaf in paths},
+      {name: checkpointing.shape_of(x) for name, x in leaves.items()},
+      {jax.tree_util.keystr(path): checkpointing.shape_of(leaf) for path, leaf in paths},
     )
     if differ is not None:
       raise checkpointing.MismatchError(

@@ -387,15 +387,13 @@ class RealFailures:
     recovery, `cpr` and lock-step algorithms; else the two newest."""
     keep_older = self.mode == 'full' or self.requested_mode == 'cpr' or self._lock_step
     directory, keep = self._workdir / 'checkpoints', None if keep_older else 2
-    # A `--kill_at` step's save asks for the kill inside its write (a whole one; a differential stays unfinished until
-    # the kill), so the kill lands in it every time.
-    during = self._kill_in_write if self._control.fd is not None and self._control.kill_at_step else None
+    # Kills at a save (tests): inside its write, so they land in it every time.
+    kills_at = self._control.fd is not None and self._control.kill_at_step
+    during = self._kill_in_write if kills_at or fault_injection.kills_in_saves() else None
     if not incremental.enabled(self._config, saves_block=checkpointing.saves_block(state_bytes)):
       return checkpointing.Checkpointer(directory, self._meshes, max_to_keep=keep, during_save=during)
     full = checkpointing.Checkpointer(directory, self._meshes, max_to_keep=None, during_save=during)
     fraction = self._config.recovery.rebaseline_fraction
-    # A `--kill_at` step's differential stays unfinished until the kill (or a peer's death: then it survives).
-    kill_at = self._control.kill_at_step if self._control.fd is not None else None
     return incremental.IncrementalCheckpointer(
       full,
       self._meshes,
@@ -403,12 +401,14 @@ class RealFailures:
       keep=keep,
       initial=initial,
       settings=_settings(self._config),
-      unfinished_while=lambda step: step == kill_at and distributed.peer_lost() is None,
+      during_write=during,
     )
 
   def _kill_in_write(self, step: int) -> None:
-    """Inside a save's write: the launcher's kill at `step`, asked for and waited for (a peer's death first: the
-    save goes on, this process a survivor)."""
+    """Inside a save's write (not complete yet): a kill point of this save (`fault_injection.kill_in_save`), or the
+    launcher's kill at `step`, asked for and waited for (a peer's death first: the save goes on, this process a
+    survivor)."""
+    fault_injection.kill_in_save(step, 'writing')
     if step == self._control.kill_at_step:
       self._control.step(step)  # Trained (the save waited for it): the launcher's record of where it died.
     self._control.reached(step, stop_waiting=lambda: distributed.peer_lost() is not None)

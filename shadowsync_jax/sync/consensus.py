@@ -194,29 +194,7 @@ def _fingerprint_program(rule: Rule, mesh):
   def one_device(params_1, sync_state_1):
     params, sync_state = replicas.squeeze(params_1), replicas.squeeze(sync_state_1)
     mlp, table, _ = _parts(rule, params, sync_state)
-    return mlp, lax.all_gather(_checksum(table), AXIS)
+    return mlp, lax.all_gather(replicas.checksum(table), AXIS)
 
   spec, whole = jax.sharding.PartitionSpec(AXIS), jax.sharding.PartitionSpec()
   return jax.jit(jax.shard_map(one_device, mesh=mesh, in_specs=(spec, spec), out_specs=whole, check_vma=False))
-
-
-_CHECKSUM_CHUNK_ROWS = 1 << 16  # Rows hashed at once: the checksum's only temporary.
-
-
-def _checksum(table: jax.Array) -> jax.Array:
-  """A uint32 of every bit and position of a table, computed a chunk of rows at a time where it lives (no copy)."""
-  rows = table.shape[0]
-  chunk = min(rows, _CHECKSUM_CHUNK_ROWS)
-  row_size = table[0].size
-
-  def add_chunk(i, total):
-    start = jnp.minimum(i * chunk, rows - chunk)  # The last chunk ends at the last row; rows seen before: masked.
-    bits = lax.bitcast_convert_type(lax.dynamic_slice_in_dim(table, start, chunk), jnp.uint32).reshape(chunk, -1)
-    position = (start + jnp.arange(chunk, dtype=jnp.uint32))[:, None] * jnp.uint32(row_size) + jnp.arange(
-      row_size, dtype=jnp.uint32
-    )
-    mixed = bits * (position * jnp.uint32(0x9E3779B9) | jnp.uint32(1))
-    fresh = (start + jnp.arange(chunk) >= i * chunk)[:, None]
-    return total + jnp.sum(jnp.where(fresh, mixed ^ (mixed >> 15), 0), dtype=jnp.uint32)
-
-  return lax.fori_loop(0, -(-rows // chunk), add_chunk, jnp.uint32(0))
