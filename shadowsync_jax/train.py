@@ -455,7 +455,8 @@ def train_and_evaluate(
   meshes = replicas.make_meshes(num_replicas)
   state_bytes = check_memory(config, meshes)
   driver = sync_drivers.make_driver(config, meshes)
-  recovery = recovery_policies.make(config, meshes, workdir, total_steps)  # It owns the checkpoints.
+  warmup_steps = block_plan.steps_until_chosen(config.train.steps_per_dispatch)
+  recovery = recovery_policies.make(config, meshes, workdir, total_steps, warmup_steps)  # It owns the checkpoints.
 
   def fresh_state():  # Built only where nothing is restored: a restore never builds the tables first.
     state = init_replicated_state(config, meshes)

@@ -48,12 +48,14 @@ import threading
 import time
 
 from shadowsync_jax.parallel import control
+from shadowsync_jax.parallel import cpu_time
 from shadowsync_jax.parallel import exit_codes
 from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import netns
 
 _PR_SET_PDEATHSIG = 1  # prctl option: the signal a child gets when its parent dies.
 _POLL_S = 0.05
+_CPU_SAMPLE_S = 0.5  # A process killed loses at most this much of its CPU account (`Outcome.cpu`).
 _COORDINATOR_START_S = 60.0
 # What `distributed.exit_peer_lost` prints: the process stopping, and the peer it lost and how.
 _BLAME = re.compile(r'shadowsync: stopping process \d+: process (\d+) (.*?)\.?$')
@@ -99,6 +101,9 @@ class Outcome:
   seconds: float
   steps: list[int | None]  # The last step each process reported finishing.
   times: dict[str, float]  # Wall-clock times: 'started' (spawned), 'ready' (every process trains), 'ended'.
+  # Each process's CPU seconds by thread group (`cpu_time`) from the moment every process trained to its last
+  # reading (its start and restore left out; [] if that moment never came).
+  cpu_while_training: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
   @property
   def succeeded(self) -> bool:
@@ -152,6 +157,8 @@ class Generation:
     self._coordinator: subprocess.Popen | None = None  # Started by `prepare`.
     self._abandoned = False  # `prepare` and `abandon` run on the spawner's thread, one at a time.
     self._on_ready: Callable[[], None] | None = None
+    self._cpu = cpu_time.Sampler()
+    self._cpu_at_ready: list[dict[int, float]] | None = None  # `Sampler.mark`s once every process trains.
 
   def say(self, line: str) -> None:
     with self._lock:
@@ -202,7 +209,13 @@ class Generation:
         thread.join(timeout=10)
     codes = [process.wait() for process in self._processes]
     self._times['ended'] = time.time()
-    return Outcome(codes, self._failure, time.monotonic() - started, list(self._steps), dict(self._times))
+    ready = self._cpu_at_ready
+    cpu = [self._cpu.totals(p.pid, since=mark) for p, mark in zip(self._processes, ready)] if ready else []
+    return Outcome(codes, self._failure, time.monotonic() - started, list(self._steps), dict(self._times), cpu)
+
+  def cpu_s(self) -> list[float]:
+    """CPU seconds each of its processes took so far (a warm standby's: its imports); [] before `prepare`."""
+    return [cpu_time.of_process(process.pid) for process in self._processes]
 
   def _go(self) -> None:
     """Every waiting process joins the job: one line on its stdin, the environment it starts with."""
@@ -310,8 +323,11 @@ class Generation:
       self._hosts.partition(partition.host, partition.seconds, partition.after_s)
 
   def _watch(self, grace_s: float, random_kill: tuple[float, int] | None) -> None:
-    deadline = None
+    deadline, sampled = None, 0.0
     while any(p.poll() is None for p in self._processes):
+      if time.monotonic() - sampled >= _CPU_SAMPLE_S:
+        sampled = time.monotonic()
+        self._cpu.sample([p.pid for p in self._processes if p.poll() is None])
       going_down = self._scan_exits()
       if going_down and deadline is None:
         deadline = time.monotonic() + grace_s
@@ -400,6 +416,9 @@ class Generation:
             if every_process_trains:
               self._times['ready'] = time.time()
           if every_process_trains:
+            pids = [p.pid for p in self._processes]
+            self._cpu.sample(pids)
+            self._cpu_at_ready = [self._cpu.mark(pid) for pid in pids]
             self._cut_links()
             if self._on_ready is not None:
               threading.Thread(target=self._on_ready, name='standby', daemon=True).start()

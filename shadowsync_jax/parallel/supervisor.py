@@ -90,11 +90,15 @@ def supervise(
       if standby is not None:
         standby.abandon()
       raise
+    # The next start's warm standby ran beside this one on its cores, needed or not.
+    standby_cpu_s = standby.cpu_s() if standby is not None else []
     if standby is not None and (outcome.succeeded or outcome.refused or outcome.unrecoverable is not None):
       standby.abandon()
     clock += outcome.seconds
     if workdir is not None:
-      history.append(workdir, 'launcher', {'event': 'generation', 'generation': number, **outcome.times})
+      record = {'event': 'generation', 'generation': number, **outcome.times}
+      record.update(cpu_while_training=outcome.cpu_while_training, standby_beside_cpu_s=standby_cpu_s)
+      history.append(workdir, 'launcher', record)
     if outcome.succeeded:
       restarted = f' after {number} restart{"s" if number != 1 else ""}' if number else ''
       generation.say(f'[launch] all {num_processes} processes succeeded{restarted}.')

@@ -20,9 +20,12 @@ With incremental checkpoints (`use_differentials`) a copy is a differential over
 (`incremental.IncrementalCheckpointer.take`: the rows stamped since it, gathered on the device, and the dense
 leaves), and a restore lays it over that baseline, read or rebuilt. At Criteo Kaggle's size that is tens of MB a
 process rather than 1.1 GB, written in a fraction of a second when the process must stop (the whole state took
-seconds of its restart). Taking one costs a scan of the row stamps on the device, whatever changed (~0.3 s of one
-core for a process's 16.9M Kaggle rows on this project's CPU host: XLA's nonzero): so the first take of each size
-is timed alone, and copies come no more often than `max_overhead` of the time allows (at most every `LEAST_S`).
+seconds of its restart). A take finds the changed rows from the stamps on the host (it waits for the block in
+flight: where the job's steps are collectives, the loop waited already) and gathers them on the devices; each is
+timed, its compile left out, and copies come no more often than `max_overhead` of the time allows (at most every
+`LEAST_S`); `spent_s` adds up what they cost the training core, compiles included (`recovery.overhead`). (XLA's
+`nonzero` on the devices took ~0.3 s of a process's one core at Criteo Kaggle's size, 16.9M rows, and a program
+for each size the changes grew through, 0.5-2 s each; the host's scan takes tens of ms.)
 """
 
 from collections.abc import Callable
@@ -63,9 +66,8 @@ class LiveKeeper:
     self._lock = threading.Lock()
     self._copies: queue.Queue = queue.Queue(maxsize=1)
     self._differentials: incremental.IncrementalCheckpointer | None = None
-    self._size = incremental.bucket(0)  # Changed rows a device a taken differential holds; grows as needed.
-    self._take_s = 0.0  # What a take of `_timed_size` rows cost, timed alone (the compile left out).
-    self._timed_size = 0
+    self._take_s = 0.0  # What the newest take cost, its compile left out.
+    self.spent_s = 0.0  # What the takes cost the training core, compiles included (not the block they waited for).
     threading.Thread(target=self._to_host, name='live-state', daemon=True).start()
 
   def use_differentials(self, checkpointer: incremental.IncrementalCheckpointer) -> None:
@@ -94,19 +96,15 @@ class LiveKeeper:
         self._copies.put_nowait(taken)
 
   def _take(self, step: int, tree: PyTree) -> incremental.TakenDifferential | None:
-    """A differential of `tree` taken on the device; the first of its size is timed alone, its compile left out
-    (the block in flight waited for first: a stall once a size), and sets the pace (`max_overhead`)."""
-    size = self._size
-    if size == self._timed_size:
-      return self._differentials.take(step, tree, size)
+    """A differential of `tree` taken now, after the block in flight (a stall, where the loop had not waited for it
+    already), timed: its time without its compile sets the pace (`max_overhead`)."""
     jax.block_until_ready(tree)
     started = time.perf_counter()
     with compilation_cache.compiling() as compiled:
-      taken = self._differentials.take(step, tree, size)
-      if taken is not None:
-        jax.block_until_ready((taken.ids_LxM, taken.counts_L, taken.rows, taken.dense))
-    if taken is not None:
-      self._take_s, self._timed_size = max(0.0, time.perf_counter() - started - compiled.seconds), size
+      taken = self._differentials.take(step, tree)
+    spent = time.perf_counter() - started
+    self.spent_s += spent
+    self._take_s = max(0.0, spent - compiled.seconds)
     return taken
 
   def save(self, step: int, tree: PyTree) -> int:
@@ -158,10 +156,7 @@ class LiveKeeper:
     while True:
       copy = self._copies.get()
       if isinstance(copy, incremental.TakenDifferential):
-        step, (host, most) = copy.step, incremental.file_leaves(copy)
-        self._size = max(self._size, incremental.bucket(most))
-        if host is None:  # More rows changed than it held: the next one holds them.
-          continue
+        step, host = copy.step, incremental.file_leaves(copy)
         self._differentials.hold(copy.baseline)  # Kept on disk while this copy may be written.
         self._every_s = max(_pace(sum(leaf.nbytes for leaf in host.values())), self._take_s / self._max_overhead)
       else:

@@ -1,32 +1,67 @@
 """What real failures cost a job, split as CPR splits it: checkpoint-related time apart from the restarts.
 
   split = overhead.split(history.read(workdir), step_s=0.0068)
-  split['checkpoint_s']   # blocking saves + restores + work trained again (CPR's checkpoint-related overhead)
-  split['restart_s']      # from each death to every process training again, its restore left out
+  split['checkpoint_s']   # saves (blocking, and their background work) + restores + work trained again
+  split['restart_s']      # from each death to every process training again (and at its pace), its restore left
+                          # out; the standbys
 
 Maeng et al. (CPR, MLSys 2021) measure what checkpoints cost a job that fails: the time spent saving them, loading
 them, and training again what a rewind lost; a restart's own cost (a process coming back) is the same whatever the
 recovery and is kept apart. From the job's history (`parallel.history`), pure:
 - saves: every save's blocking time (`save` records: checkpoints, CPR's priority saves, the calibration's save and
   restore), summed per process; the job pays its slowest process's (they save side by side);
+- what runs beside the steps on a process's core, which the steps wait for where training fills that core (each
+  process pinned to one, as the studies run a job): per start, the CPU of the threads that write checkpoints
+  (`WRITE_THREADS`: the differential writer, orbax's and tensorstore's), of priority saves (`PRIORITY_THREADS`:
+  the lookup counter and the rows' writer) and of live copies (the `live-state` thread, and the takes' own time
+  on the devices, which the process writes down: `live_s`), from the launcher's `generation` records
+  (`cpu_while_training`: read from outside, so a process killed counts to its last half second); the slowest
+  process's, per start;
 - per failure (the launcher's `failure` record, or else the first `peer_lost` of that start): the restore, the
   slowest process's of the next start (`start` records); the work trained again, the most steps a process of
   the next start was rewound (`retrained_steps`) at `step_s`; and the restart: from the death to the last
   process of the next start saying it trains (`ready` records; or, if that start failed first, to its failure; or,
-  if it had nothing left to train, to its restore), less the restore.
+  if it had nothing left to train, to its restore), less the restore; then its warm-up: from `ready` to `paced`
+  (its compiling block and 'auto''s probe), beyond those steps' time at `step_s`; and the warm standbys: the CPU
+  the next start's processes took on their cores beside each start, used or not (`standby_beside_cpu_s`: their
+  imports, which run as that start warms up: a warm-up counts what is left of it beyond them).
 """
 
 from collections.abc import Sequence
 from typing import Any
 
+from shadowsync_jax.parallel import cpu_time
+
+# `cpu_time` groups: threads that write checkpoints, and priority saves' (OS names: 15 bytes).
+WRITE_THREADS = tuple(
+  cpu_time.os_name(name)
+  for name in (
+    'differential-writer',
+    'ts_pool_worker',
+    'async_save',
+    'serialize_shard',
+    'save_finalize',
+    'write_metadata_',
+    'array_type_handler',
+    'metadata_store',
+  )
+)
+PRIORITY_THREADS = tuple(cpu_time.os_name(name) for name in ('lookup-counter', 'priority-rows-writer'))
+LIVE_THREADS = (cpu_time.os_name('live-state'),)
+PARTS = ('save_s', 'write_s', 'priority_s', 'live_s', 'restore_s', 'retrained_s', 'restart_s', 'warmup_s', 'standby_s')
+
 
 def split(records: Sequence[dict[str, Any]], step_s: float) -> dict[str, float]:
-  """Seconds by kind (module docstring): save_s, restore_s, retrained_s, checkpoint_s (their sum), restart_s."""
+  """Seconds by kind (module docstring): each of `PARTS`, checkpoint_s (saves, their background work, restores and
+  work again) and restart_s (restarts and standbys)."""
   saves: dict[int, float] = {}
   for record in records:
     if record.get('event') == 'save':
       saves[record['process']] = saves.get(record['process'], 0.0) + record['blocking_s']
-  totals = {'save_s': max(saves.values(), default=0.0), 'restore_s': 0.0, 'retrained_s': 0.0, 'restart_s': 0.0}
+  totals = dict.fromkeys(PARTS, 0.0)
+  totals['save_s'] = max(saves.values(), default=0.0)
+  _beside_the_steps(records, totals)
+  totals['warmup_s'] = _warmups(records, step_s)
   deaths = _deaths(records)
   for generation, died_at in deaths.items():
     nxt = generation + 1
@@ -39,8 +74,56 @@ def split(records: Sequence[dict[str, Any]], step_s: float) -> dict[str, float]:
     back = max(ready) if ready else deaths.get(nxt, max((s['time'] for s in starts), default=None))
     if back is not None:
       totals['restart_s'] += max(0.0, back - died_at - restore)
-  totals['checkpoint_s'] = totals['save_s'] + totals['restore_s'] + totals['retrained_s']
-  return totals
+  checkpoint = ('save_s', 'write_s', 'priority_s', 'live_s', 'restore_s', 'retrained_s')
+  return {
+    **totals,
+    'checkpoint_s': sum(totals[part] for part in checkpoint),
+    'restart_s': totals['restart_s'] + totals['warmup_s'] + totals['standby_s'],
+    'restarts_only_s': totals['restart_s'],
+  }
+
+
+def _beside_the_steps(records: Sequence[dict[str, Any]], totals: dict[str, float]) -> None:
+  """Adds to `totals` what ran beside the steps, start by start (module docstring)."""
+  live: dict[tuple[int, int], float] = {}  # (generation, process): the takes' seconds it wrote down last.
+  for record in records:
+    if 'live_s' in record and 'generation' in record and 'process' in record:
+      key = (record['generation'], record['process'])
+      live[key] = max(live.get(key, 0.0), record['live_s'])
+  for record in records:
+    if record.get('event') != 'generation' or record.get('writer') != 'launcher':
+      continue
+    cpu = record.get('cpu_while_training') or []
+    spent = lambda names, cpu=cpu: max((sum(c.get(n, 0.0) for n in names) for c in cpu), default=0.0)
+    totals['write_s'] += spent(WRITE_THREADS)
+    totals['priority_s'] += spent(PRIORITY_THREADS)
+    generation = record['generation']
+    takes = [live.get((generation, p), 0.0) + sum(c.get(n, 0.0) for n in LIVE_THREADS) for p, c in enumerate(cpu)]
+    totals['live_s'] += max(takes, default=0.0)
+    totals['standby_s'] += max(record.get('standby_beside_cpu_s') or [0.0])
+
+
+def _warmups(records: Sequence[dict[str, Any]], step_s: float) -> float:
+  """Seconds the starts after the first took to be back at their pace, beyond their steps at `step_s`: from a
+  process's `ready` to its `paced` record (its compiling block and 'auto''s probe: blocks waited for and timed, and
+  the programs of the K chosen), the slowest process's; less the next start's standby, which the launcher starts
+  as this one trains (its imports slow these first steps, and count as the standby's)."""
+  standbys = {
+    r['generation']: max(r.get('standby_beside_cpu_s') or [0.0])
+    for r in records
+    if r.get('event') == 'generation' and r.get('writer') == 'launcher'
+  }
+  marks: dict[tuple[int, str | None], dict[str, dict]] = {}
+  for record in records:
+    if record.get('event') in ('ready', 'paced') and record.get('generation'):
+      marks.setdefault((record['generation'], record.get('writer')), {})[record['event']] = record
+  per_start: dict[int, float] = {}
+  for (generation, _), seen in marks.items():
+    if 'ready' in seen and 'paced' in seen:
+      ready, paced = seen['ready'], seen['paced']
+      extra = paced['time'] - ready['time'] - (paced['step'] - ready['step']) * step_s
+      per_start[generation] = max(per_start.get(generation, 0.0), extra, 0.0)
+  return sum(max(0.0, extra - standbys.get(generation, 0.0)) for generation, extra in per_start.items())
 
 
 def _deaths(records: Sequence[dict[str, Any]]) -> dict[int, float]:

@@ -56,9 +56,14 @@ class RecoveryPolicy(Protocol):
 
 
 def make(
-  config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes, workdir: str | pathlib.Path, total_steps: int
+  config: ml_collections.ConfigDict,
+  meshes: replicas.ReplicaMeshes,
+  workdir: str | pathlib.Path,
+  total_steps: int,
+  warmup_steps: int = 0,
 ) -> RecoveryPolicy:
-  """The policy of `config.recovery.mode` for a job of `jax.process_count()` processes."""
+  """The policy of `config.recovery.mode` for a job of `jax.process_count()` processes; `warmup_steps`: the steps
+  of a start before the loop runs at its pace (its first block and 'auto''s probe), a restart's cost."""
   if config.recovery.mode != 'none' and jax.process_count() == 1:
     return emulated.EmulatedFailures(config, meshes, workdir, total_steps)
-  return real.RealFailures(config, meshes, workdir, total_steps)
+  return real.RealFailures(config, meshes, workdir, total_steps, warmup_steps)

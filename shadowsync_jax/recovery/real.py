@@ -57,6 +57,7 @@ from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.model import table_placement
 from shadowsync_jax.parallel import compilation_cache
 from shadowsync_jax.parallel import control
+from shadowsync_jax.parallel import cpu_time
 from shadowsync_jax.parallel import distributed
 from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import history
@@ -99,8 +100,12 @@ class RealFailures:
     meshes: replicas.ReplicaMeshes,
     workdir: str | pathlib.Path,
     total_steps: int,
+    warmup_steps: int = 0,
   ):
+    """`warmup_steps`: a start's steps before the loop runs at its pace (its compiling block and 'auto''s probe):
+    where they end, a `paced` record (`overhead`: a restart lasts until then)."""
     recovery = config.recovery
+    self._warmup_steps, self._paced = warmup_steps, False
     self.requested_mode = recovery.mode
     self._config, self._meshes, self._workdir, self._total_steps = config, meshes, pathlib.Path(workdir), total_steps
     self._process, self._processes = jax.process_index(), jax.process_count()
@@ -275,8 +280,13 @@ class RealFailures:
       trained = step
     if self._timing is None:
       self._timing = (time.perf_counter(), step)  # The first step compiled: the clock starts after it.
+      cpu_time.name_os_threads()  # The launcher reads their CPU by name (`cpu_time`); at each save, the newer.
       self._control.ready()
       history.append(self._workdir, self._writer, {'event': 'ready', 'generation': self._generation, 'step': step})
+    if not self._paced and step - self._timing[1] >= self._warmup_steps - 1:  # (The ready step was the first one.)
+      self._paced = True
+      record = {'event': 'paced', 'generation': self._generation, 'process': self._process, 'step': step}
+      history.append(self._workdir, self._writer, record)
     distributed.report(trained, 'train', checkpoint=self._saved[-2] if len(self._saved) > 1 else None)
     if self._saver is not None:
       self._saver.count(block.sparse[:, :steps])
@@ -326,6 +336,13 @@ class RealFailures:
     distributed.handle_peer_loss(False)  # The loop reported 'finish' before the rounds ended.
     self._checkpointer.save(step, checkpointing.training_tree(state_L, self._local(sync_state_R)))
     self.close()
+    record = {'event': 'ended', 'generation': self._generation, 'process': self._process, 'step': step}
+    history.append(self._workdir, self._writer, {**record, **self._accounts()})
+
+  def _accounts(self) -> dict[str, float]:
+    """What this start spent so far on the training core outside the steps and the saves' blocking that only it
+    can tell (`overhead`: the launcher reads the threads' CPU): its live copies' takes."""
+    return {'live_s': self._live.spent_s} if self._live is not None else {}
 
   def close(self) -> None:
     self._checkpointer.close()
@@ -593,8 +610,10 @@ class RealFailures:
     """Writes down the time the loop was blocked on a save (CPR's checkpoint-related overhead: `overhead`), the
     pace so far (for a summary whose own start trains nothing), and what a checkpoint wrote (`written`)."""
     self._blocked_s += blocking_s
+    cpu_time.name_os_threads()
     record = {'event': 'save', 'generation': self._generation, 'process': self._process, 'step': step, 'kind': kind}
     record.update(blocking_s=blocking_s, step_s=self._mean_step_s(step), complete=complete, **written)
+    record.update(self._accounts())
     history.append(self._workdir, self._writer, record)
 
   def _mean_step_s(self, step: int) -> float | None:
@@ -737,6 +756,7 @@ class RealFailures:
         'live_saved': live_saved,
         'live_step': live_step,
         **(timing or {}),
+        **self._accounts(),
       },
     )
     distributed.exit_peer_lost(reason + (f'; live state of step {live_step} saved' if live_saved else ''))

@@ -13,12 +13,13 @@ table shards. A run without failures and without recovery (`recovery.mode='none'
 time the failure-free time, its eval NE the quality to keep. `recovery.mtbf_steps`, the MTBF the modes plan their
 checkpoints for, is the kill schedule's mean in the reference's steps.
 
-Each run's summary.json splits its overhead as CPR does (`recovery.overhead`): checkpoint-related (blocking saves,
-restores, work trained again) and restarts (from each death to every process training again, restores left out).
-The study gives each as a share of the reference's own steps time (`checkpoint_overhead_pct`,
-`restart_overhead_pct`): one denominator for every mode and seed (a summary's own shares divide by the pace of the
-run's last start, which a restart's standby starting beside it and the checkpoints' background writes slow, so
-differently in every run); the wall-clock overhead against the reference is beside them.
+The study splits each run's overhead as CPR does (`recovery.overhead`, from the job's whole history once it ended,
+at the reference's step time): checkpoint-related (blocking saves; the CPU their background writes, priority
+saves' threads and live copies took on the processes' cores, which training fills; restores; work trained again)
+and restarts (from each death to every process training again, restores left out; the warm-ups back to pace; the
+warm standbys' CPU). It gives each as a share of the reference's own steps time (`checkpoint_overhead_pct`,
+`restart_overhead_pct`): one denominator for every mode and seed; the wall-clock overhead against the reference is
+beside them, and what of it no part explains (`unexplained_s`).
 
 A run that ended leaves its summary, history and metrics; its saved state (checkpoints, live states, priority
 rows: `SAVED_STATE`) is deleted, since at Kaggle size a run leaves 9-16 GB of it and three seeds of three modes
@@ -33,6 +34,7 @@ import sys
 from typing import Any
 
 from shadowsync_jax.parallel import history
+from shadowsync_jax.recovery import overhead
 from shadowsync_jax.studies import jobs
 from shadowsync_jax.studies import spread
 
@@ -166,15 +168,18 @@ def run(
       job_flags = [*flags, *mode_flags(mode), f'--config.recovery.mtbf_steps={mtbf_steps:.1f}']
       workdir = root / f'{mode.replace(":", "_")}_seed{seed}'
       summary = run_job(workdir, [*size.launch_flags, *kills], job_flags, reuse)
-      overhead = 100 * (summary['job_wall_s'] / reference['job_wall_s'] - 1)
+      wall_pct = 100 * (summary['job_wall_s'] / reference['job_wall_s'] - 1)
       rows.append(
-        {**summary, 'label': f'{mode}, seed {seed}', 'mode': mode, 'kill_seed': seed, 'overhead_pct': overhead}
+        {**summary, 'label': f'{mode}, seed {seed}', 'mode': mode, 'kill_seed': seed, 'overhead_pct': wall_pct}
       )
   reference_steps_s = steps_time(reference)
+  for row in rows[1:]:  # The job's whole history, its last start's launcher record too (the summary's lacks it).
+    workdir = root / f'{row["mode"].replace(":", "_")}_seed{row["kill_seed"]}'
+    row['overhead_s'] = overhead.split(history.read(workdir), reference_steps_s / reference['train_steps'])
   for row in rows:
     row['ne_vs_reference_pct'] = 100 * (row['eval_ne'] / reference['eval_ne'] - 1)
     row['mtbf_steps'] = mtbf_steps
-    split = (row.get('recovery') or {}).get('overhead_s') or {}
+    split = overhead_split(row)
     for kind in ('checkpoint', 'restart'):
       seconds = split.get(f'{kind}_s')
       row[f'{kind}_overhead_pct'] = None if seconds is None else 100 * seconds / reference_steps_s
@@ -205,10 +210,16 @@ def steps_time(summary: dict[str, Any]) -> float:
   )
 
 
+def overhead_split(row: dict[str, Any]) -> dict[str, float]:
+  """A run's overhead by part (`recovery.overhead.split`): the study's, from the job's whole history at the
+  reference's step time; in a result file written before the study gave that, the summary's; {} for none."""
+  return row.get('overhead_s') or (row.get('recovery') or {}).get('overhead_s') or {}
+
+
 def unexplained_s(row: dict[str, Any], reference: dict[str, Any]) -> float | None:
   """Seconds of a run's wall time over the reference's that no counted part explains: the wall overhead less its
-  saves, restores, work again and restarts (None where the run's summary has no split)."""
-  split = (row.get('recovery') or {}).get('overhead_s') or {}
+  checkpoint-related and restart parts (None where the run has no split)."""
+  split = overhead_split(row)
   if 'checkpoint_s' not in split or 'restart_s' not in split:
     return None
   return row['job_wall_s'] - reference['job_wall_s'] - split['checkpoint_s'] - split['restart_s']
@@ -222,8 +233,7 @@ def unexplained_share(row: dict[str, Any], reference: dict[str, Any]) -> float |
 
 def restart_seconds(row: dict[str, Any]) -> list[float]:
   """Seconds of each restart of a run (its summary's split over its failures)."""
-  recovery = row.get('recovery') or {}
-  split = recovery.get('overhead_s') or {}
+  split = overhead_split(row)
   return [split['restart_s'] / row['num_failures']] if row['num_failures'] and 'restart_s' in split else []
 
 
@@ -278,13 +288,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
   lines += [
     '',
-    '| run | failures | restarts | wall s | wall overhead | saves s | restores s | work again s | restarts s | '
-    'unexplained s | checkpoint-related | vs full | restarts | PLS | eval NE | NE vs no failures | chose |',
-    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+    '| run | failures | restarts | wall s | wall overhead | saves s | writes s | priority s | live copies s | '
+    'restores s | work again s | restarts s | warm-ups s | standbys s | unexplained s | checkpoint-related | vs full | '
+    'restarts | PLS | eval NE | NE vs no failures | chose |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for r in rows:
     recovery = r.get('recovery') or {}
-    split = recovery.get('overhead_s') or {}
+    split = overhead_split(r)
     chose = (recovery.get('cpr_choice') or {}).get('chosen', '')
     pct = lambda kind, r=r: f'{share(r, kind):.2f}%' if share(r, kind) is not None else ''
     seconds = lambda key, split=split: f'{split[key]:.2f}' if key in split else ''
@@ -292,8 +303,11 @@ def table(rows: list[dict[str, Any]]) -> str:
     of_full = f'{of_full:.2f}' if of_full is not None else ''
     lines.append(
       f'| {r["label"]} | {r["num_failures"]} | {recovery.get("num_restarts", 0)} | {r["job_wall_s"]:.1f} | '
-      f'{r["overhead_pct"]:.1f}% | {seconds("save_s")} | {seconds("restore_s")} | {seconds("retrained_s")} | '
-      f'{seconds("restart_s")} | {_seconds(unexplained_s(r, rows[0]) if r is not rows[0] else None)} | '
+      f'{r["overhead_pct"]:.1f}% | {seconds("save_s")} | {seconds("write_s")} | {seconds("priority_s")} | '
+      f'{seconds("live_s")} | {seconds("restore_s")} | {seconds("retrained_s")} | '
+      f'{seconds("restarts_only_s" if "restarts_only_s" in split else "restart_s")} | {seconds("warmup_s")} | '
+      f'{seconds("standby_s")} | '
+      f'{_seconds(unexplained_s(r, rows[0]) if r is not rows[0] else None)} | '
       f'{pct("checkpoint")} | {of_full} | '
       f'{pct("restart")} | '
       f'{r.get("actual_pls") or 0:.4f} | {r["eval_ne"]:.5f} | {r["ne_vs_reference_pct"]:+.3f}% | {chose} |'

@@ -52,7 +52,8 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
   Keys: ratio_median, ratio_q25, ratio_q75 (examples/sec with / without the rounds, per pair),
   ratio_median_low, ratio_median_high, ratio_median_coverage (`median_interval` of the per-pair ratios),
   examples_per_sec_without, examples_per_sec_with (medians over the windows), pairs, window_steps, and the
-  driver's stats, with sync_rounds and mean_sync_gap over the windows with the rounds.
+  driver's stats, with sync_rounds and mean_sync_gap over the windows with the rounds, and windows_with_a_round
+  (the windows with the rounds whose first one was due inside them).
   """
   if config.sync.algorithm not in config_lib.SHADOW_ALGORITHMS:
     raise ValueError(
@@ -90,12 +91,14 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
   driver.start(state, sync_state)  # Times a round; the fused programs compile in the warm-up below.
   state, step = fused.run(state, step, _WARMUP_STEPS)[:2]
   phases = np.random.default_rng(config.seed)
-  rates, rounds = {False: [], True: []}, 0
+  rates, rounds, due = {False: [], True: []}, 0, 0
   for pair in range(pairs):
     for with_rounds in (False, True) if pair % 2 == 0 else (True, False):
       if with_rounds:  # The first round at a random phase of the gap, as a window of a steady run meets them.
         gap = driver.stats()['sync_gap_steps']
-        driver.start(state, driver.sync_state(), first_round_after=int(phases.integers(1, gap + 1)))
+        first = int(phases.integers(1, gap + 1))
+        driver.start(state, driver.sync_state(), first_round_after=first)
+        due += first <= window_steps  # (A gap longer than the window, on a busy host, may start none in it.)
         rounds_before = driver.stats()['sync_rounds']
       state, step, rate = (fused if with_rounds else plain).run(state, step, window_steps)
       rates[with_rounds].append(rate)
@@ -119,6 +122,7 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
     'steps_per_dispatch': plain.steps_per_dispatch,
     **driver.stats(),  # Its mean sync gap: over the windows with rounds (each window's first from its start).
     'sync_rounds': rounds,  # In the timed windows.
+    'windows_with_a_round': due,  # Windows whose first round was due inside them.
   }
 
 

@@ -68,6 +68,7 @@ class _Process:
 
   def __init__(self):
     self.signals = []
+    self.pid = -1  # No such process: nothing to read of its threads.
 
   def poll(self):
     return None

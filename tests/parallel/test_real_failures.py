@@ -123,6 +123,18 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
     100 * costs['checkpoint_s'] / costs['failure_free_s']
   )
   assert summary['recovery_restart_overhead_pct'] == pytest.approx(100 * costs['restart_s'] / costs['failure_free_s'])
+  # What ran beside the steps, read by the launcher: each start's threads by name, the standby beside each start
+  # but the last (none after it), and when each start was back at its pace.
+  records = history.read(tmp_path)
+  generations = [r for r in records if r.get('event') == 'generation']
+  assert [r['generation'] for r in generations] == [0, 1, 2]
+  assert all('main' in cpu for r in generations for cpu in r['cpu_while_training']), generations
+  assert any('block-reader' in cpu for r in generations for cpu in r['cpu_while_training'])  # Named for the OS.
+  assert [len(r['standby_beside_cpu_s']) for r in generations] == [2, 2, 0]  # --max_restarts=2: no third.
+  # Their imports so far (a standby may still be importing when a start ends: these take ~0.5-1.8 s).
+  assert all(seconds > 0 for r in generations[:2] for seconds in r['standby_beside_cpu_s']), generations
+  paced = {(r['generation'], r['process']) for r in records if r.get('event') == 'paced'}
+  assert paced == {(g, p) for g in range(3) for p in range(2)}
   # Nothing lost, nothing trained twice: bit for bit the model of the run that never failed.
   assert summary['consensus_fingerprint_per_process'] == failure_free['consensus_fingerprint_per_process']
   assert summary['eval_ne'] == failure_free['eval_ne'] and summary['train_steps'] == STEPS

@@ -37,4 +37,67 @@ def test_saves_restores_rewinds_and_restarts_each_counted_once():
 
 def test_a_job_without_failures_pays_its_saves_alone():
   split = overhead.split([_save(0, 0.25), _save(0, 0.25)], step_s=0.01)
-  assert split == {'save_s': 0.5, 'restore_s': 0.0, 'retrained_s': 0.0, 'restart_s': 0.0, 'checkpoint_s': 0.5}
+  assert split['save_s'] == split['checkpoint_s'] == 0.5
+  assert all(split[part] == 0.0 for part in overhead.PARTS if part != 'save_s')
+  assert split['restart_s'] == split['restarts_only_s'] == 0.0
+
+
+def _generation(number, cpu, standby_cpu_s=(0.0, 0.0), time=0.0):
+  return {
+    'event': 'generation',
+    'writer': 'launcher',
+    'generation': number,
+    'cpu_while_training': cpu,
+    'standby_beside_cpu_s': list(standby_cpu_s),
+    'time': time,
+  }
+
+
+def test_what_runs_beside_the_steps_is_counted_by_thread_start_by_start():
+  writer, counter, live = overhead.WRITE_THREADS[0], overhead.PRIORITY_THREADS[0], overhead.LIVE_THREADS[0]
+  records = [
+    {**_save(0, 0.1), 'live_s': 0.5},
+    {**_save(0, 0.1), 'live_s': 1.5},  # Cumulative in a start: its last word counts.
+    {**_save(1, 0.1), 'live_s': 1.0},
+    _generation(
+      0,
+      [
+        {writer: 2.0, 'ts_pool_worker': 1.0, counter: 0.5, live: 0.25, 'tf_XLAEigen': 50.0, 'main': 3.0},
+        {writer: 2.5, counter: 1.0, live: 0.25},
+      ],
+      standby_cpu_s=(1.7, 1.9),  # Start 1's standbys, beside start 0.
+    ),
+    {'event': 'failure', 'generation': 0, 'failed_at': 10.0, 'time': 10.0},
+    {'event': 'ready', 'generation': 1, 'process': 0, 'time': 12.0},
+    {'event': 'peer_lost', 'generation': 1, 'process': 1, 'time': 20.0, 'live_s': 0.25},
+    _generation(1, [{}, {}]),  # Start 1 trained nothing aside, and had no standby beside it.
+  ]
+  split = overhead.split(records, step_s=0.01)
+  assert split['write_s'] == pytest.approx(3.0)  # Process 0's writers and tensorstore's, the slower process.
+  assert split['priority_s'] == pytest.approx(1.0)
+  assert split['live_s'] == pytest.approx(1.75 + 0.25)  # Start 0: process 0's 1.5 + 0.25; start 1: 0.25.
+  assert split['standby_s'] == pytest.approx(1.9)
+  assert split['restarts_only_s'] == pytest.approx(2.0)
+  assert split['restart_s'] == pytest.approx(2.0 + 1.9)
+  assert split['checkpoint_s'] == pytest.approx(0.2 + 3.0 + 1.0 + 2.0)
+
+
+def test_a_restart_lasts_until_its_start_is_back_at_pace():
+  records = [
+    {'event': 'failure', 'generation': 0, 'failed_at': 10.0, 'time': 10.0},
+    {'event': 'ready', 'generation': 1, 'writer': 'process_0', 'step': 101, 'time': 12.0},
+    {'event': 'ready', 'generation': 1, 'writer': 'process_1', 'step': 101, 'time': 12.0},
+    # 27 probe steps of 0.01 s took 1.27 s on process 0 and 0.77 s on process 1: the job waited 1.0 s more.
+    {'event': 'paced', 'generation': 1, 'writer': 'process_0', 'process': 0, 'step': 128, 'time': 13.27},
+    {'event': 'paced', 'generation': 1, 'writer': 'process_1', 'process': 1, 'step': 128, 'time': 12.77},
+    # The first start's probe is the reference's too: not counted.
+    {'event': 'ready', 'generation': 0, 'writer': 'process_0', 'step': 1, 'time': 1.0},
+    {'event': 'paced', 'generation': 0, 'writer': 'process_0', 'process': 0, 'step': 28, 'time': 5.0},
+    _generation(0, [{}, {}], time=10.5),
+    # Start 2's standbys took 0.3 s of their cores as start 1 warmed up: that much of its warm-up is theirs.
+    _generation(1, [{}, {}], standby_cpu_s=(0.3, 0.2), time=20.0),
+  ]
+  split = overhead.split(sorted(records, key=lambda r: r['time']), step_s=0.01)
+  assert split['warmup_s'] == pytest.approx(1.0 - 0.3)
+  assert split['standby_s'] == pytest.approx(0.3)
+  assert split['restart_s'] == pytest.approx(2.0 + 0.7 + 0.3)

@@ -24,8 +24,9 @@ def test_measure_pairs_windows_with_and_without_the_thread():
   assert result['examples_per_sec_without'] > 0 and result['examples_per_sec_with'] > 0
   assert 0 < result['ratio_q25'] <= result['ratio_median'] <= result['ratio_q75']
   assert result['ratio_median_low'] <= result['ratio_median'] <= result['ratio_median_high']
-  # Each window with the thread ends by merging its round in flight, so every such window merged one at least.
-  assert result['sync_rounds'] >= 2
+  # A window whose first round is due inside it ends by merging its round in flight: it merged one at least. (The
+  # first round's phase is drawn over the gap, which a busy host's timing can make longer than the window.)
+  assert result['sync_rounds'] >= result['windows_with_a_round']
 
 
 def test_measure_rejects_what_it_cannot_measure():
