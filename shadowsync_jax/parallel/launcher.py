@@ -17,7 +17,9 @@ A warm standby (`prepare`, torchft's and elastic trainers' spare workers): the c
 started ahead of time, each process with `--standby`, so it has imported everything
 and waits on its stdin; `run` then sends each one line (JSON: the environment it starts with, such as the step
 it is to be killed at) and it joins the job. `supervisor` prepares the next generation as soon as every process
-of the current one trains, so a restart skips the imports and the coordinator's start.
+of the current one trains, so a restart skips the imports and the coordinator's start. Where the launcher may raise
+a priority again, a standby waits at the lowest (`standby_waits_idle`): its imports take the cores' idle time, not
+the training beside it, and it joins at the launcher's.
 
 Each process also gets a control pipe (`control`): it writes `ready` when it trains, every step it finishes, and
 `kill STEP` where it was asked to be killed (`fault_injection`); `outcome.steps` is how far each got. When a
@@ -40,6 +42,7 @@ import functools
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -158,6 +161,7 @@ class Generation:
     self._abandoned = False  # `prepare` and `abandon` run on the spawner's thread, one at a time.
     self._on_ready: Callable[[], None] | None = None
     self._cpu = cpu_time.Sampler()
+    self._idle_standby = standby_waits_idle()
     self._cpu_at_ready: list[dict[int, float]] | None = None  # `Sampler.mark`s once every process trains.
 
   def say(self, line: str) -> None:
@@ -221,6 +225,8 @@ class Generation:
     """Every waiting process joins the job: one line on its stdin, the environment it starts with."""
     for process_id, process in enumerate(self._processes):
       environment = self._kill_schedule.environment(process_id) if self._kill_schedule else {}
+      if self._idle_standby:
+        _raise_priority(process.pid)
       try:
         process.stdin.write(json.dumps({'environment': environment}) + '\n')
         process.stdin.close()
@@ -302,7 +308,7 @@ class Generation:
         bufsize=1,
         env=env,
         pass_fds=(write_end,),
-        preexec_fn=functools.partial(_child_setup, affinity),
+        preexec_fn=functools.partial(_child_setup, affinity, self._idle_standby),
         start_new_session=True,  # Ctrl-C reaches the launcher alone, which stops its processes in order.
       )
       os.close(write_end)
@@ -451,11 +457,69 @@ def _spawner() -> futures.ThreadPoolExecutor:
   return futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix='spawner')
 
 
-def _child_setup(affinity: set[int] | None) -> None:
-  """In each child before it runs: die with the launcher (Linux), and take its share of the cores if pinned."""
+def _child_setup(affinity: set[int] | None, idle: bool = False) -> None:
+  """In each child before it runs: die with the launcher (Linux), take its share of the cores if pinned, and wait
+  at the lowest priority if `idle` (a warm standby: `standby_waits_idle`)."""
   try:
     ctypes.CDLL('libc.so.6', use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
   except OSError:  # Not Linux: children outlive a killed launcher there.
     pass
   if affinity:
     os.sched_setaffinity(0, affinity)
+  if idle:
+    os.setpriority(os.PRIO_PROCESS, 0, _LOWEST_PRIORITY)
+    _set_autogroup_priority('self', _LOWEST_PRIORITY)
+
+
+def _set_autogroup_priority(pid: int | str, priority: int) -> None:
+  """The priority of `pid`'s session against the others' (Linux's autogroups: with them, where each child starts a
+  session of its own, a thread's nice value weighs only against its own session's threads)."""
+  try:
+    with open(f'/proc/{pid}/autogroup', 'w') as autogroup:
+      autogroup.write(str(priority))
+  except OSError:  # No autogroups (or no such process).
+    pass
+
+
+_LOWEST_PRIORITY = 19
+
+
+def _own_autogroup_priority() -> int:
+  """The launcher's session's priority (0 where there are no autogroups)."""
+  try:
+    with open('/proc/self/autogroup') as autogroup:
+      return int(autogroup.read().split()[-1])  # '/autogroup-123 nice 0'
+  except (OSError, ValueError, IndexError):
+    return 0
+
+
+def standby_waits_idle() -> bool:
+  """Whether a warm standby starts at the lowest priority (nice 19) and joins at the launcher's own: only where
+  the launcher may raise a priority again (root, or an RLIMIT_NICE that allows it). Its imports, 1.5 s of a core
+  at Criteo Kaggle's size, then take the cores' idle time instead of the training's beside it (on this project's
+  emulated hosts the standby shares the core its predecessor trains on; a cluster's spare host shares nothing);
+  a restart that comes before they end finishes them at full priority."""
+  if not hasattr(os, 'setpriority'):
+    return False
+  ceiling = 20 - resource.getrlimit(resource.RLIMIT_NICE)[0]  # The lowest nice value this user may set.
+  return os.geteuid() == 0 or ceiling <= os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def _raise_priority(pid: int) -> None:
+  """Every thread of `pid` at the launcher's own priority (Linux's nice is a thread's, and a new thread takes its
+  creator's: read again until no thread is new, for a process still importing)."""
+  priority, raised = os.getpriority(os.PRIO_PROCESS, 0), set()
+  for _ in range(10):
+    try:
+      tids = {int(task) for task in os.listdir(f'/proc/{pid}/task')} - raised
+    except OSError:  # Not Linux, or it ended.
+      tids = {pid} - raised
+    if not tids:
+      return
+    for tid in tids:
+      try:
+        os.setpriority(os.PRIO_PROCESS, tid, priority)
+      except OSError:  # It ended meanwhile.
+        pass
+    raised |= tids
+    _set_autogroup_priority(pid, _own_autogroup_priority())

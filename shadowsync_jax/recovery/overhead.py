@@ -24,7 +24,8 @@ recovery and is kept apart. From the job's history (`parallel.history`), pure:
   if it had nothing left to train, to its restore), less the restore; then its warm-up: from `ready` to `paced`
   (its compiling block and 'auto''s probe), beyond those steps' time at `step_s`; and the warm standbys: the CPU
   the next start's processes took on their cores beside each start, used or not (`standby_beside_cpu_s`: their
-  imports, which run as that start warms up: a warm-up counts what is left of it beyond them).
+  imports, which run as that start warms up: a warm-up counts what is left of it beyond them), unless they waited
+  at the lowest priority (`standby_waited_idle`: then they took the cores' idle time).
 """
 
 from collections.abc import Sequence
@@ -100,18 +101,17 @@ def _beside_the_steps(records: Sequence[dict[str, Any]], totals: dict[str, float
     generation = record['generation']
     takes = [live.get((generation, p), 0.0) + sum(c.get(n, 0.0) for n in LIVE_THREADS) for p, c in enumerate(cpu)]
     totals['live_s'] += max(takes, default=0.0)
-    totals['standby_s'] += max(record.get('standby_beside_cpu_s') or [0.0])
+    totals['standby_s'] += _standby_s(record)
 
 
 def _warmups(records: Sequence[dict[str, Any]], step_s: float) -> float:
   """Seconds the starts after the first took to be back at their pace, beyond their steps at `step_s`: from a
   process's `ready` to its `paced` record (its compiling block and 'auto''s probe: blocks waited for and timed, and
-  the programs of the K chosen), the slowest process's; less the next start's standby, which the launcher starts
+  the programs of the K chosen), the slowest process's, its saves and live copies meanwhile left out (`hooks_s`:
+  their own parts); less the next start's standby, which the launcher starts
   as this one trains (its imports slow these first steps, and count as the standby's)."""
   standbys = {
-    r['generation']: max(r.get('standby_beside_cpu_s') or [0.0])
-    for r in records
-    if r.get('event') == 'generation' and r.get('writer') == 'launcher'
+    r['generation']: _standby_s(r) for r in records if r.get('event') == 'generation' and r.get('writer') == 'launcher'
   }
   marks: dict[tuple[int, str | None], dict[str, dict]] = {}
   for record in records:
@@ -121,9 +121,18 @@ def _warmups(records: Sequence[dict[str, Any]], step_s: float) -> float:
   for (generation, _), seen in marks.items():
     if 'ready' in seen and 'paced' in seen:
       ready, paced = seen['ready'], seen['paced']
-      extra = paced['time'] - ready['time'] - (paced['step'] - ready['step']) * step_s
+      extra = paced['time'] - ready['time'] - (paced['step'] - ready['step']) * step_s - paced.get('hooks_s', 0.0)
       per_start[generation] = max(per_start.get(generation, 0.0), extra, 0.0)
   return sum(max(0.0, extra - standbys.get(generation, 0.0)) for generation, extra in per_start.items())
+
+
+def _standby_s(generation: dict[str, Any]) -> float:
+  """What the next start's standby took of the training beside a start (its launcher record): its CPU on the
+  slower core; none where it waited at the lowest priority (`launcher.standby_waits_idle`: it took the cores'
+  idle time, and a restart that came before it was done waited for the rest, in the restart's time)."""
+  if generation.get('standby_waited_idle'):
+    return 0.0
+  return max(generation.get('standby_beside_cpu_s') or [0.0])
 
 
 def _deaths(records: Sequence[dict[str, Any]]) -> dict[int, float]:

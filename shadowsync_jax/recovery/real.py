@@ -105,7 +105,7 @@ class RealFailures:
     """`warmup_steps`: a start's steps before the loop runs at its pace (its compiling block and 'auto''s probe):
     where they end, a `paced` record (`overhead`: a restart lasts until then)."""
     recovery = config.recovery
-    self._warmup_steps, self._paced = warmup_steps, False
+    self._warmup_steps, self._paced, self._hooks_at_ready = warmup_steps, False, 0.0
     self.requested_mode = recovery.mode
     self._config, self._meshes, self._workdir, self._total_steps = config, meshes, pathlib.Path(workdir), total_steps
     self._process, self._processes = jax.process_index(), jax.process_count()
@@ -281,12 +281,14 @@ class RealFailures:
     if self._timing is None:
       self._timing = (time.perf_counter(), step)  # The first step compiled: the clock starts after it.
       cpu_time.name_os_threads()  # The launcher reads their CPU by name (`cpu_time`); at each save, the newer.
+      self._hooks_at_ready = self._hooks_s()
       self._control.ready()
       history.append(self._workdir, self._writer, {'event': 'ready', 'generation': self._generation, 'step': step})
     if not self._paced and step - self._timing[1] >= self._warmup_steps - 1:  # (The ready step was the first one.)
       self._paced = True
       record = {'event': 'paced', 'generation': self._generation, 'process': self._process, 'step': step}
-      history.append(self._workdir, self._writer, record)
+      # Its saves' and live copies' time since it was ready: their own parts (`overhead`), not the warm-up's.
+      history.append(self._workdir, self._writer, {**record, 'hooks_s': self._hooks_s() - self._hooks_at_ready})
     distributed.report(trained, 'train', checkpoint=self._saved[-2] if len(self._saved) > 1 else None)
     if self._saver is not None:
       self._saver.count(block.sparse[:, :steps])
@@ -338,6 +340,10 @@ class RealFailures:
     self.close()
     record = {'event': 'ended', 'generation': self._generation, 'process': self._process, 'step': step}
     history.append(self._workdir, self._writer, {**record, **self._accounts()})
+
+  def _hooks_s(self) -> float:
+    """Seconds this start's saves blocked the loop and its live copies took of the training core, so far."""
+    return self._blocked_s + (self._live.spent_s if self._live is not None else 0.0)
 
   def _accounts(self) -> dict[str, float]:
     """What this start spent so far on the training core outside the steps and the saves' blocking that only it

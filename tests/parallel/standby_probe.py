@@ -1,5 +1,5 @@
 """A stand-in for `experiments.train` in the launcher's tests: takes its flags, writes down when it waits as a warm
-standby and when it joins (with the environment it joined with), and exits 0."""
+standby and when it joins (with the environment and the priority it joined with), and exits 0."""
 
 import json
 import os
@@ -22,14 +22,27 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   workdir = pathlib.Path(FLAGS.workdir)
+  (workdir / f'nice_waiting_{FLAGS.process_id}').write_text(f'{os.nice(0)} {_autogroup_nice()}')
   (workdir / f'waiting_{FLAGS.process_id}').write_text(FLAGS.coordinator_address)
   if FLAGS.standby:
     line = sys.stdin.readline()
     if not line:
       return
     os.environ.update(json.loads(line)['environment'])
-  joined = {'environment': dict(os.environ), 'coordinator_address': FLAGS.coordinator_address}
+  joined = {
+    'environment': dict(os.environ),
+    'coordinator_address': FLAGS.coordinator_address,
+    'nice': [os.nice(0), _autogroup_nice()],
+  }
   (workdir / f'joined_{FLAGS.process_id}').write_text(json.dumps(joined))
+
+
+def _autogroup_nice() -> int:
+  """Its session's priority ('/autogroup-123 nice 0'; 0 without autogroups)."""
+  try:
+    return int(pathlib.Path('/proc/self/autogroup').read_text().split()[-1])
+  except (OSError, ValueError, IndexError):
+    return 0
 
 
 if __name__ == '__main__':

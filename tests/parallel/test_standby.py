@@ -2,6 +2,7 @@
 generation whose processes all fail names one of them."""
 
 import json
+import os
 import pathlib
 import time
 
@@ -26,6 +27,13 @@ def _generation(
     kill_schedule=schedule,
     module=module,
   )
+
+
+def _autogroup_nice() -> int:
+  try:
+    return int(pathlib.Path('/proc/self/autogroup').read_text().split()[-1])
+  except (OSError, ValueError, IndexError):
+    return 0
 
 
 def _wait_for(paths: list[pathlib.Path], timeout_s: float = 120) -> None:
@@ -54,6 +62,13 @@ def test_a_prepared_generation_waits_until_it_runs_then_joins_with_the_environme
   assert all(j['environment'][control.GENERATION_ENV] == '3' for j in joined)
   address = joined[0]['coordinator_address']
   assert address == joined[1]['coordinator_address'] and address.startswith('127.0.0.1:')
+  # It waited at the lowest priority where the launcher may raise it again, and joined at the launcher's.
+  # (Its thread's nice value, and its session's where the kernel weighs sessions against each other.)
+  own = [os.nice(0), _autogroup_nice()]
+  waiting = [[int(x) for x in (tmp_path / f'nice_waiting_{p}').read_text().split()] for p in range(2)]
+  lowest = [19, 19 if pathlib.Path('/proc/self/autogroup').exists() else 0]
+  assert waiting == [lowest if launcher.standby_waits_idle() else own] * 2
+  assert [j['nice'] for j in joined] == [own] * 2
 
 
 def test_an_abandoned_standby_never_joins_and_leaves_nothing_running(tmp_path, monkeypatch):

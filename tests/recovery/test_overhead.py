@@ -88,7 +88,16 @@ def test_a_restart_lasts_until_its_start_is_back_at_pace():
     {'event': 'ready', 'generation': 1, 'writer': 'process_0', 'step': 101, 'time': 12.0},
     {'event': 'ready', 'generation': 1, 'writer': 'process_1', 'step': 101, 'time': 12.0},
     # 27 probe steps of 0.01 s took 1.27 s on process 0 and 0.77 s on process 1: the job waited 1.0 s more.
-    {'event': 'paced', 'generation': 1, 'writer': 'process_0', 'process': 0, 'step': 128, 'time': 13.27},
+    # Process 0 also saved for 0.25 s meanwhile: the save's part, not the warm-up's.
+    {
+      'event': 'paced',
+      'generation': 1,
+      'writer': 'process_0',
+      'process': 0,
+      'step': 128,
+      'time': 13.52,
+      'hooks_s': 0.25,
+    },
     {'event': 'paced', 'generation': 1, 'writer': 'process_1', 'process': 1, 'step': 128, 'time': 12.77},
     # The first start's probe is the reference's too: not counted.
     {'event': 'ready', 'generation': 0, 'writer': 'process_0', 'step': 1, 'time': 1.0},
@@ -101,3 +110,10 @@ def test_a_restart_lasts_until_its_start_is_back_at_pace():
   assert split['warmup_s'] == pytest.approx(1.0 - 0.3)
   assert split['standby_s'] == pytest.approx(0.3)
   assert split['restart_s'] == pytest.approx(2.0 + 0.7 + 0.3)
+
+
+def test_a_standby_that_waited_at_the_lowest_priority_took_idle_time_only():
+  idle = {**_generation(0, [{}, {}], standby_cpu_s=(1.5, 1.6), time=1.0), 'standby_waited_idle': True}
+  assert overhead.split([idle], step_s=0.01)['standby_s'] == 0.0
+  busy = {**idle, 'standby_waited_idle': False}
+  assert overhead.split([busy], step_s=0.01)['standby_s'] == pytest.approx(1.6)
