@@ -367,6 +367,9 @@ class RealFailures:
     details = {'failures_are': 'real', 'generation': self._generation, 'this_process': self._restored, **job}
     checkpoint_pct = restart_pct = None
     if self._step_s and self.requested_mode != 'none':
+      # As far as the history goes now: the launcher writes this start's threads' CPU (its background writes,
+      # priority saves and live copies' thread) once it ended, so they are not in it (the studies split the job's
+      # whole history after it: `studies.real_failures`).
       costs = overhead.split(history.read(self._workdir), self._step_s)
       failure_free_s = self._total_steps * self._step_s  # The steps' own time: the run without failures or saves.
       checkpoint_pct = 100 * costs['checkpoint_s'] / failure_free_s
