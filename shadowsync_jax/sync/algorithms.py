@@ -190,16 +190,17 @@ def met_rounds(algorithm: SyncAlgorithm, mesh: Mesh) -> tuple[Callable[..., tupl
   """`(hand_over_L, land_L, take_back_L)`: a round of `algorithm` in programs on this process's devices (`mesh`),
   the replicas of every process meeting between them on the host (`shadow.ShadowSync`: no collective of the job):
 
-    led_L, snapshot_L, local_sum = hand_over_L(params_L, sync_state_L)      # params donated
-    ...                                   # the job's mean of the contributions, from every process's local sum
+    led_L, snapshot_L, contributions_L = hand_over_L(params_L, sync_state_L)   # params donated
+    ...                                   # the job's mean of the contributions, summed on the host
     params_L, sync_state_L = land_L(params_L, snapshot_L, sync_state_L, job_mean)   # params donated
     unled_L = take_back_L(params_L, snapshot_L, sync_state_L)               # the lead taken out, new buffers
 
   `hand_over_L` lands the round's lead at once and returns a copy of the params as they were (the snapshot) and
-  the sum of the replicas' contributions on this process's devices (replicated); `land_L` merges the rest of the
-  round, `synced - snapshot - lead`, into the params as they are by then (keeping the local steps made meanwhile:
-  docs/design.md §3) and returns the round's sync state. `sync_state_L` is the state the round starts from, this
-  process's copies."""
+  each replica's contribution (no collective: the caller sums them on the host; an all-reduce of this process's
+  devices there waits for the slowest device's block, on a CPU backend its threads taking the cores meanwhile);
+  `land_L` merges the rest of the round, `synced - snapshot - lead`, into the params as they are by then (keeping
+  the local steps made meanwhile: docs/design.md §3) and returns the round's sync state. `sync_state_L` is the
+  state the round starts from, this process's copies."""
   if algorithm.contribution is None or algorithm.finish is None:
     raise ValueError('the algorithm has no two-phase form (contribution, finish).')
   spec, whole = P(replicas.REPLICA_AXIS), P()
@@ -208,8 +209,8 @@ def met_rounds(algorithm: SyncAlgorithm, mesh: Mesh) -> tuple[Callable[..., tupl
   def hand_over_one(params_1, state_1):
     params, state = replicas.squeeze(params_1), replicas.squeeze(state_1)
     led = jax.tree.map(lambda w, a: w + a, params, lead(params, state))
-    local_sum = _psum(algorithm.contribution(params, state), replicas.REPLICA_AXIS)
-    return replicas.unsqueeze(led), replicas.unsqueeze(jax.tree.map(jnp.copy, params)), local_sum
+    contribution = algorithm.contribution(params, state)
+    return replicas.unsqueeze(led), replicas.unsqueeze(jax.tree.map(jnp.copy, params)), replicas.unsqueeze(contribution)
 
   def land_one(params_1, snapshot_1, state_1, mean):
     params, snapshot, state = replicas.squeeze(params_1), replicas.squeeze(snapshot_1), replicas.squeeze(state_1)
@@ -222,7 +223,7 @@ def met_rounds(algorithm: SyncAlgorithm, mesh: Mesh) -> tuple[Callable[..., tupl
     return replicas.unsqueeze(jax.tree.map(lambda w, a: w - a, params, lead(snapshot, state)))
 
   hand_over = jax.jit(
-    jax.shard_map(hand_over_one, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec, whole)), donate_argnums=0
+    jax.shard_map(hand_over_one, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec, spec)), donate_argnums=0
   )
   land = jax.jit(
     jax.shard_map(land_one, mesh=mesh, in_specs=(spec, spec, spec, whole), out_specs=(spec, spec)), donate_argnums=0

@@ -14,8 +14,9 @@ Where the job's processes step apart (`drivers.make_driver`; one process, and jo
 fuse their rounds into the blocks: `scheduled`). A round (docs/design.md §3, `algorithms.met_rounds`): the thread
 asks for a snapshot; at its next block boundary, before the next block, the training loop dispatches one program
 that lands the round's lead on the live params (each replica's own part of the round: EA's pull, BMUF's momentum
-step), keeps a copy `s` of the params as they were, and sums this process's replicas' contributions to the round
-(what the algorithm averages); the thread reads that sum and meets every process's (`distributed.VectorAgreement`,
+step), keeps a copy `s` of the params as they were, and computes each replica's contribution to the round (what
+the algorithm averages); the thread reads them, sums this process's on the host (no collective even among its own
+devices: one waits for the slowest device's block), meets every process's sum (`distributed.VectorAgreement`,
 through the coordination service: no collective, so no device waits for a peer) and posts the job's mean; at the
 next boundary after that, a second program lands the rest of the round, `s' - s - lead`, into the live params,
 keeping the local steps made meanwhile. A boundary hands a snapshot over only once the round before has landed, so a
@@ -183,8 +184,9 @@ class ShadowSync:
     synced_L = rounds.select(state_L.params, self._groups)
     sync_state_L = replicas.to_local(sync_state_R, self._meshes)
     self._hand_over_L.lower(synced_L, sync_state_L).compile()
-    local_sum = jax.eval_shape(self._hand_over_L, synced_L, sync_state_L)[2]
-    self._land_L.lower(synced_L, synced_L, sync_state_L, local_sum).compile()
+    contributions_L = jax.eval_shape(self._hand_over_L, synced_L, sync_state_L)[2]
+    mean = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype), contributions_L)
+    self._land_L.lower(synced_L, synced_L, sync_state_L, mean).compile()
     self._take_back_L.lower(synced_L, synced_L, sync_state_L).compile()
     self._compiled = True
 
@@ -199,8 +201,9 @@ class ShadowSync:
       params_L = rounds.copy(synced_L)
       jax.block_until_ready(params_L)
       started = time.perf_counter()
-      led_L, snapshot_L, local_sum = self._hand_over_L(params_L, sync_state_L)
-      jax.block_until_ready(self._land_L(led_L, snapshot_L, sync_state_L, local_sum))
+      led_L, snapshot_L, contributions_L = self._hand_over_L(params_L, sync_state_L)
+      mean = jax.tree.map(lambda leaf: leaf.sum(axis=0), jax.device_get(contributions_L))
+      jax.block_until_ready(self._land_L(led_L, snapshot_L, sync_state_L, mean))
       seconds.append(time.perf_counter() - started)
     return statistics.median(seconds[1:])
 
@@ -350,15 +353,15 @@ class ShadowSync:
     sync_state_L = replicas.to_local(self._sync_state_R, self._meshes)
     synced_L = rounds.select(state_L.params, self._groups)
     if step is None:  # Served, not landed: the sums of a copy.
-      led_L, snapshot_L, local_sum = self._hand_over_L(rounds.copy(synced_L), sync_state_L)
+      led_L, snapshot_L, contributions_L = self._hand_over_L(rounds.copy(synced_L), sync_state_L)
       self._served = (led_L, snapshot_L, sync_state_L)
-      self._snapshots.put(local_sum)
+      self._snapshots.put(contributions_L)
       self._in_flight = True
       return state_L
-    led_L, snapshot_L, local_sum = self._hand_over_L(synced_L, sync_state_L)
+    led_L, snapshot_L, contributions_L = self._hand_over_L(synced_L, sync_state_L)
     state_L = state_L._replace(params=rounds.with_synced(state_L.params, led_L))  # The round's lead, landed.
     self._handed_over = (snapshot_L, sync_state_L)
-    self._snapshots.put(local_sum)
+    self._snapshots.put(contributions_L)
     self._snapshot_step, self._handed_over_at = step, time.perf_counter()
     self._in_flight = True
     return state_L
@@ -378,11 +381,11 @@ class ShadowSync:
           return
         all_done, self._job_interval_s = agreed
         round_start = time.monotonic()  # The same moment on every process: they all leave the agreement together.
-        local_sum = self._next_snapshot()
-        if local_sum is None:
+        contributions_L = self._next_snapshot()
+        if contributions_L is None:
           return
         started, cpu_started = time.perf_counter(), time.thread_time()
-        job_mean = self._job_mean(local_sum)
+        job_mean = self._job_mean(contributions_L)
         self._host_costs_s.append(time.thread_time() - cpu_started)  # Waits for the sums and the peers: no CPU.
         self._host_cost_s = statistics.fmean(self._host_costs_s)
         if job_mean is None or not self._put_result((job_mean, time.perf_counter() - started, all_done)) or all_done:
@@ -407,12 +410,14 @@ class ShadowSync:
         return
       self._stop.wait(min(left_s, _POLL_S))
 
-  def _job_mean(self, local_sum: PyTree) -> PyTree | None:
-    """The mean over the job's replicas of their contributions, from this process's sum (read from its devices) and
-    every other process's, met on the host (None if stopped while a peer was awaited): the same bits on every
-    process, summed in process order."""
-    leaves, treedef = jax.tree.flatten(jax.device_get(local_sum))
-    sums = self._meet(np.concatenate([np.ravel(leaf) for leaf in leaves]), self._stop.is_set)
+  def _job_mean(self, contributions_L: PyTree) -> PyTree | None:
+    """The mean over the job's replicas of their contributions, from this process's sum (of its replicas', read
+    from its devices, in replica order) and every other process's, met on the host (None if stopped while a peer
+    was awaited): the same bits on every process, summed in process order."""
+    leaves, treedef = jax.tree.flatten(jax.device_get(contributions_L))
+    local_sum = np.concatenate([np.ravel(leaf.sum(axis=0)) for leaf in leaves])  # Replica after replica.
+    leaves = [leaf[0] for leaf in leaves]  # One replica's shapes.
+    sums = self._meet(local_sum, self._stop.is_set)
     if sums is None:
       return None
     total = sums[0].copy()
