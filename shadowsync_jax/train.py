@@ -290,14 +290,20 @@ class BlockDispatcher:
     stop_step: int,
     delay: straggler.Straggler | None = None,
     between=None,
+    steps_per_dispatch: int | str | None = None,
+    chosen: Callable[[int], None] = lambda steps: None,
   ):
     """`between`: a sync driver's rounds fused into the blocks (`SyncDriver.between_steps`); each `dispatch` is then
-    given the driver (`rounds`) for the blocks' carry."""
+    given the driver (`rounds`) for the blocks' carry. `steps_per_dispatch`: K, or 'auto' (default: the config's);
+    `chosen(K)` is called once 'auto' chose it (the job's, where the processes agree on one)."""
     self._config, self._meshes, self._delay = config, meshes, delay
     self._num_local = meshes.local.shape[replicas.REPLICA_AXIS]
     first = jax.process_index() * self._num_local
     max_steps = block_plan.max_steps_for(self._num_local * config.batch_size)
-    self.plan = block_plan.BlockPlan(config.train.steps_per_dispatch, stop_step, max_steps)
+    if steps_per_dispatch is None:
+      steps_per_dispatch = config.train.steps_per_dispatch
+    self.plan = block_plan.BlockPlan(steps_per_dispatch, stop_step, max_steps)
+    self._chosen = chosen
     local_replicas = range(first, first + self._num_local)
     if generates_on_device(config) and isinstance(getattr(source, 'source', None), synthetic.SyntheticSource):
       generator = synthetic_device.DeviceGenerator(source.source)
@@ -388,6 +394,7 @@ class BlockDispatcher:
     a collective is: not paused."""
     if jax.process_count() > 1 and _steps_are_collective(self._config):
       self.plan.agree(distributed.exchange('steps_per_dispatch', self.plan.steps_per_dispatch))
+    self._chosen(self.plan.steps_per_dispatch)
     started = time.perf_counter()
     if self.plan.steps_per_dispatch != self.reader.block_steps:  # Its programs, of K steps (full blocks: all K).
       self.reader.resize(self.plan.steps_per_dispatch)
@@ -454,8 +461,10 @@ def train_and_evaluate(
 
   meshes = replicas.make_meshes(num_replicas)
   state_bytes = check_memory(config, meshes)
-  driver = sync_drivers.make_driver(config, meshes)
-  warmup_steps = block_plan.steps_until_chosen(config.train.steps_per_dispatch)
+  # A restart of a job under 'auto' dispatches the K its first start chose: no probe, its warm-up one block.
+  steps_per_dispatch = recovery_policies.steps_per_dispatch(config, workdir)
+  driver = sync_drivers.make_driver(config, meshes, mid_run=steps_per_dispatch != config.train.steps_per_dispatch)
+  warmup_steps = block_plan.steps_until_chosen(steps_per_dispatch)
   recovery = recovery_policies.make(config, meshes, workdir, total_steps, warmup_steps)  # It owns the checkpoints.
 
   def fresh_state():  # Built only where nothing is restored: a restore never builds the tables first.
@@ -465,7 +474,16 @@ def train_and_evaluate(
   state, sync_state, start_step = recovery.resume(checkpointing.FreshState(fresh_state, meshes))
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
   delay = straggler.from_config(config, process_index)
-  blocks = BlockDispatcher(config, meshes, train_source, stop_step, delay, between=driver.between_steps())
+  blocks = BlockDispatcher(
+    config,
+    meshes,
+    train_source,
+    stop_step,
+    delay,
+    between=driver.between_steps(),
+    steps_per_dispatch=steps_per_dispatch,
+    chosen=functools.partial(recovery_policies.note_steps_per_dispatch, workdir),
+  )
   writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
   log = _MetricLog(writer, config, examples_per_step)
   progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)

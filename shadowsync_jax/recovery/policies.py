@@ -22,6 +22,8 @@ import jax
 import ml_collections
 
 from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.parallel import control
+from shadowsync_jax.parallel import history
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import emulated
@@ -67,3 +69,28 @@ def make(
   if config.recovery.mode != 'none' and jax.process_count() == 1:
     return emulated.EmulatedFailures(config, meshes, workdir, total_steps)
   return real.RealFailures(config, meshes, workdir, total_steps, warmup_steps)
+
+
+def steps_per_dispatch(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> int | str:
+  """The K this start of the run dispatches: `train.steps_per_dispatch`, but for a restart of a job (the launcher's
+  generation > 0) under 'auto', the K an earlier start chose (`note_steps_per_dispatch`: process 0's, so every
+  process of the job takes the same), so that a restart does not probe again (its blocks waited for and timed,
+  their programs compiled: about a second a restart at Criteo Kaggle's size). A first start, and a run resumed by
+  hand (perhaps on another machine), probe."""
+  configured, generation = config.train.steps_per_dispatch, control.generation()
+  if configured != 'auto' or generation == 0:
+    return configured
+  chosen = [
+    record['steps_per_dispatch']
+    for record in history.read(workdir)
+    if record.get('event') == 'steps_per_dispatch' and record.get('generation', generation) < generation
+  ]
+  return chosen[-1] if chosen else configured
+
+
+def note_steps_per_dispatch(workdir: str | pathlib.Path, steps: int) -> None:
+  """Writes down the K 'auto' chose (process 0's; the job's where the processes agree on one) for the job's
+  restarts (`steps_per_dispatch`)."""
+  if jax.process_index() == 0:
+    record = {'event': 'steps_per_dispatch', 'generation': control.generation(), 'steps_per_dispatch': steps}
+    history.append(workdir, 'process_0', record)

@@ -84,12 +84,16 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
   baseline: the tiny tables' rows nearly all change between two saves), each restore the initial state built again
   and one differential over it; or, at the default `rebaseline_fraction`, a written baseline every save (so)."""
   fraction = ['--config.recovery.rebaseline_fraction=1000'] if saves == 'differentials' else []
+  # 'auto' in one of the two: the first start probes, its restarts dispatch the K it chose (and end bit for bit
+  # with the failure-free run's K of 16: blocks change no result).
+  auto = ['--config.train.steps_per_dispatch=auto'] if saves == 'differentials' else []
   code, output = _launch(
     tmp_path,
     *_SHARDED_FR_MA,
     '--config.recovery.mode=full',
     '--config.recovery.incremental=true',
     *fraction,
+    *auto,
     # Both at a checkpoint step: the kills land in the middle of its save's write (a differential held unfinished,
     # a baseline's write asking for the kill: `during_save`), so that save is never restored and the steps since the
     # one before are trained again.
@@ -137,6 +141,11 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
   assert all(seconds >= 0 for r in generations[:2] for seconds in r['standby_beside_cpu_s']), generations
   paced = {(r['generation'], r['process']) for r in records if r.get('event') == 'paced'}
   assert paced == {(g, p) for g in range(3) for p in range(2)}
+  chosen = [(r['generation'], r['steps_per_dispatch']) for r in records if r.get('event') == 'steps_per_dispatch']
+  if auto:  # Chosen once, by the first start's probe; no restart probed again.
+    assert chosen == [(0, summary['steps_per_dispatch'])], chosen
+  else:
+    assert chosen == [], chosen
   # Nothing lost, nothing trained twice: bit for bit the model of the run that never failed.
   assert summary['consensus_fingerprint_per_process'] == failure_free['consensus_fingerprint_per_process']
   assert summary['eval_ne'] == failure_free['eval_ne'] and summary['train_steps'] == STEPS
