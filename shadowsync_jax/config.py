@@ -131,6 +131,9 @@ def base_config() -> ml_collections.ConfigDict:
   # that train them: data/synthetic_device.py), 'host' (the readers above) or 'auto': 'device' on accelerators,
   # 'host' on CPU (where the device is the host's cores, and the readers run beside the steps).
   config.data.generator = 'auto'
+  # Read the whole training stream into memory before training (every process all of it, ~170 bytes an example),
+  # then serve the blocks from there: the loop without the stream's reading (`benchmarks.loop`'s (b')).
+  config.data.in_memory = False
 
   config.model = ml_collections.ConfigDict()
   config.model.embedding_dim = 16  # D: width of every embedding row; the bottom MLP ends at D.

@@ -29,6 +29,7 @@ import threadpoolctl
 from shadowsync_jax.data import batch as batch_lib
 from shadowsync_jax.data import lengths
 from shadowsync_jax.data import readers as readers_lib
+from shadowsync_jax.data import stream_slice
 from shadowsync_jax.data import synthetic
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.data.criteo import files as criteo_files
@@ -224,10 +225,17 @@ def _steps_of(groups: Iterator[_Steps]) -> Iterator[Batch]:
 
 def make_sources(data_config: ml_collections.ConfigDict, seed: int) -> tuple[StreamSlice, StreamSlice]:
   """(training stream of N examples, held-out set of M) from the `data` config; `seed` seeds the synthetic teacher.
-  Lengths of 0 mean all of the data (`lengths`).
+  Lengths of 0 mean all of the data (`lengths`). With `data.in_memory` the training stream is read whole now.
 
   Raises ValueError naming the config key when the files or the prepared dataset hold fewer rows than asked for.
   """
+  train, held_out = _sources(data_config, seed)
+  if data_config.in_memory:  # Its ids checked once, as it is read whole.
+    train = StreamSlice(stream_slice.InMemory(train, len(train)), 0, len(train))
+  return train, held_out
+
+
+def _sources(data_config: ml_collections.ConfigDict, seed: int) -> tuple[StreamSlice, StreamSlice]:
   cardinalities = tuple(int(c) for c in data_config.cardinalities)
   num_train, num_eval = data_config.num_train_examples, data_config.num_eval_examples
   if data_config.source == 'synthetic':

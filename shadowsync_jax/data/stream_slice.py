@@ -63,3 +63,17 @@ def check_ids(sparse_NxT: np.ndarray, rows_T: np.ndarray, first_example: int) ->
     f'(C{table + 1}), which has {rows_T[table]} rows (data.cardinalities[{table}]): the data and '
     'data.cardinalities disagree (data prepared or generated with other cardinalities?).'
   )
+
+
+class InMemory:
+  """The first `length` examples of `source` read into memory once, then served from there (`data.in_memory`): the
+  loop without the stream's reading. Not sent to reader processes (a copy each): read by threads."""
+
+  def __init__(self, source: Source, length: int):
+    self._whole = source.read(0, length)
+
+  def read(self, start: int, count: int) -> Batch:
+    return Batch(*(field[start : start + count] for field in self._whole))
+
+  def __getstate__(self):
+    raise TypeError('a stream held in memory is read in its own process (`readers.make` takes threads for it).')

@@ -43,7 +43,6 @@ import numpy as np
 from shadowsync_jax import config as config_lib
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
-from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.parallel import launcher
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.studies import jobs
@@ -108,32 +107,17 @@ def _make_no_work_block(config, meshes, between=None):
   return lambda state_L, block_L, steps_L, full=False: nothing(state_L, block_L, steps_L)  # One program.
 
 
-class _InMemory:
-  """A source's first examples read once into memory, then served from there: the stream without its reading."""
-
-  def __init__(self, source: input_pipeline.StreamSlice):
-    self._whole, self._source = source.read(0, len(source)), source
-
-  def read(self, start: int, count: int) -> Batch:
-    return Batch(*(field[start : start + count] for field in self._whole))
-
-
 def time_loop(config, workdir: pathlib.Path, no_work: bool = False, in_memory: bool = False) -> dict[str, Any]:
-  """(b), with `no_work` (c), with `in_memory` (b'): the summary of `train.train_and_evaluate` on `config`."""
-  make_train_block, make_sources = train.make_train_block, input_pipeline.make_sources
+  """(b), with `no_work` (c), with `in_memory` (b': `data.in_memory`): the summary of `train.train_and_evaluate` on
+  `config`."""
+  make_train_block = train.make_train_block
   if no_work:
     train.make_train_block = _make_no_work_block
-  if in_memory:
-
-    def sources_in_memory(data_config, seed):
-      stream, held_out = make_sources(data_config, seed)
-      return input_pipeline.StreamSlice(_InMemory(stream), 0, len(stream)), held_out
-
-    input_pipeline.make_sources = sources_in_memory
+  config.data.in_memory = in_memory
   try:
     return train.train_and_evaluate(config, workdir)
   finally:
-    train.make_train_block, input_pipeline.make_sources = make_train_block, make_sources
+    train.make_train_block = make_train_block
     shutil.rmtree(workdir, ignore_errors=True)  # Its checkpoints: 2.2 GB a run at Kaggle's size; the summary is kept.
     gc.collect()
 
@@ -216,15 +200,13 @@ def table(results: dict[str, dict[str, Any]]) -> str:
       f'{result["loop_share_median"]:.2f} ({low:.2f}-{high:.2f}; target {TARGET_LOOP_SHARE}: '
       f'{_verdict(low, high, TARGET_LOOP_SHARE)}) |'
     )
-    if ceiling is None:  # A job: (b) and (a) only.
-      lines.append(f'{row} - | - |')
-      continue
     memory = [r['in_memory_share'] for r in runs]
+    in_memory = f'{statistics.median(memory):.2f} ({min(memory):.2f}-{max(memory):.2f})'
+    if ceiling is None:  # A job: (c) is not timed.
+      lines.append(f'{row} {in_memory} | - |')
+      continue
     target = TARGET_CEILING_PREPARED if result.get('source') == 'prepared' else TARGET_CEILING
-    lines.append(
-      f'{row} {statistics.median(memory):.2f} ({min(memory):.2f}-{max(memory):.2f}) | {ceiling:,.0f} '
-      f'(target {target / 1e6:.0f}M: {_verdict(ceiling, 0, target)}) |'
-    )
+    lines.append(f'{row} {in_memory} | {ceiling:,.0f} (target {target / 1e6:.0f}M: {_verdict(ceiling, 0, target)}) |')
   return '\n'.join(lines)
 
 
@@ -258,7 +240,8 @@ def _job_note(results: dict[str, dict[str, Any]]) -> str:
     f' The job ({JOB_PROCESSES} processes x {JOB_DEVICES} devices, `experiments.launch --pin_cpus`, '
     f"`sync.algorithm` {' and '.join(algorithms)} in turn, the default config otherwise): (b) its summary's "
     "examples/sec (the processes' sum), (a) the block program of each process's replicas alone at the K (b) chose, "
-    "the processes run at once, pinned as the launcher pins them; (b') and (c) are not timed for a job."
+    "the processes run at once, pinned as the launcher pins them, (b') the job again with `data.in_memory` (every "
+    'process reads the whole stream into memory before training); (c) is not timed for a job.'
   )
 
 
@@ -269,9 +252,12 @@ JOB_PROCESSES, JOB_DEVICES = 2, 4
 JOB_ALGORITHMS = ('shadow_ma', 'none', 'shadow_ea', 'shadow_bmuf')
 
 
-def time_job_loop(algorithm: str, num_train_examples: int, workdir: pathlib.Path) -> dict[str, Any]:
-  """(b) of the job: `experiments.launch` with every process pinned to its share of the cores, as a user runs it;
-  its summary (`examples_per_sec`: the processes' sum)."""
+def time_job_loop(
+  algorithm: str, num_train_examples: int, workdir: pathlib.Path, in_memory: bool = False
+) -> dict[str, Any]:
+  """(b) of the job (with `in_memory`, (b'): `data.in_memory`, every process holding the stream): `experiments.launch`
+  with every process pinned to its share of the cores, as a user runs it; its summary (`examples_per_sec`: the
+  processes' sum)."""
   job = jobs.launch(
     jobs.fresh(workdir),
     [f'--num_processes={JOB_PROCESSES}', f'--cpu_devices={JOB_DEVICES}', '--pin_cpus'],
@@ -280,6 +266,7 @@ def time_job_loop(algorithm: str, num_train_examples: int, workdir: pathlib.Path
       f'--config.sync.algorithm={algorithm}',
       f'--config.data.num_train_examples={num_train_examples}',
       '--config.data.num_eval_examples=16384',
+      f'--config.data.in_memory={in_memory}',
     ],
   )
   shutil.rmtree(workdir, ignore_errors=True)
@@ -315,6 +302,9 @@ def run_job(
   for repeat in range(repeats):
     for algorithm, algorithm_runs in runs.items():
       loop = time_job_loop(algorithm, num_train_examples, pathlib.Path(root) / f'job_{algorithm}_{repeat}')
+      in_memory = time_job_loop(
+        algorithm, num_train_examples, pathlib.Path(root) / f'job_{algorithm}_in_memory_{repeat}', in_memory=True
+      )
       steps, per_dispatch = loop['train_steps'], loop['steps_per_dispatch']
       step_alone = time_job_step_alone(
         [
@@ -330,6 +320,8 @@ def run_job(
           'step_alone_examples_per_sec': step_alone,
           'loop_examples_per_sec': loop['examples_per_sec'],
           'loop_share': loop['examples_per_sec'] / step_alone,
+          'in_memory_examples_per_sec': in_memory['examples_per_sec'],
+          'in_memory_share': in_memory['examples_per_sec'] / step_alone,
           'sync_rounds': loop['sync_rounds'],
           'eval_ne': loop['eval_ne'],
         }

@@ -43,6 +43,7 @@ def _data_config(**overrides) -> ml_collections.ConfigDict:
       cardinalities=[50] * 26,
       zipf_exponent=1.05,
       drift=0.0,
+      in_memory=False,
     )
   )
   config.update(overrides)
@@ -92,6 +93,21 @@ def test_synthetic_stream_is_deterministic_and_prefetch_does_not_change_it():
     np.testing.assert_array_equal(a, b, err_msg=name)
     np.testing.assert_array_equal(a, c, err_msg=name)
     np.testing.assert_array_equal(a.reshape(1000, *a.shape[3:]), d, err_msg=name)  # [steps, R, B] in stream order
+
+
+def test_a_stream_in_memory_reads_as_the_stream_and_is_read_by_threads():
+  stream, _ = input_pipeline.make_sources(_data_config(), seed=2)
+  held, _ = input_pipeline.make_sources(_data_config(in_memory=True), seed=2)
+  assert len(held) == len(stream) == 1000
+  for start, count in ((0, 1000), (17, 300), (999, 1)):
+    for a, b in zip(held.read(start, count), stream.read(start, count)):
+      np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match='cannot read examples'):
+    held.read(900, 101)
+  for source, kind in ((held, readers.Threads), (stream, readers.Processes)):  # Held: no copy a reader process.
+    made = readers.make(source, 2)
+    made.close()
+    assert isinstance(made, kind)
 
 
 def test_synthetic_eval_follows_the_training_stream():

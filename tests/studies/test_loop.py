@@ -32,7 +32,7 @@ def test_the_loop_the_step_alone_and_the_no_work_loop_are_timed_and_tabled(tmp_p
 
 def test_the_jobs_step_alone_sums_its_processes_run_at_once_and_its_row_says_what_was_not_timed():
   """(a) of a job: one command a process, each pinned to its share of the cores, all at once; the sum of their last
-  lines. Its row has (b)/(a) and no (b') or (c)."""
+  lines. Its row has (b)/(a), (b')/(a) and no (c)."""
   command = [sys.executable, '-c', 'import os; print("warm-up line"); print(len(os.sched_getaffinity(0)) * 1000.0)']
   cores = len(os.sched_getaffinity(0))
   assert loop.time_job_step_alone(command) == 1000.0 * (
@@ -41,13 +41,21 @@ def test_the_jobs_step_alone_sums_its_processes_run_at_once_and_its_row_says_wha
   job = {
     'config': 'default, 2 x 4 replicas, shadow_ma',
     'batch_size': 256,
-    'runs': [{'steps_per_dispatch': 1, 'step_alone_examples_per_sec': 100.0, 'loop_examples_per_sec': 80.0}],
+    'runs': [
+      {
+        'steps_per_dispatch': 1,
+        'step_alone_examples_per_sec': 100.0,
+        'loop_examples_per_sec': 80.0,
+        'in_memory_share': 0.95,
+      }
+    ],
     'loop_share_median': 0.8,
     'loop_share_range': [0.8, 0.8],
     'no_work_examples_per_sec_median': None,
   }
   assert loop.table({'job': job}).splitlines()[-1] == (
-    '| default, 2 x 4 replicas, shadow_ma | 256 | 1 | 100 | 80 | 0.80 (0.80-0.80; target 0.9: not met) | - | - |'
+    '| default, 2 x 4 replicas, shadow_ma | 256 | 1 | 100 | 80 | 0.80 (0.80-0.80; target 0.9: not met) '
+    '| 0.95 (0.95-0.95) | - |'
   )
 
 
@@ -57,12 +65,12 @@ def test_a_job_is_timed_with_each_algorithm_in_turn_each_at_the_k_it_chose(monke
   order, commands = [], []
   ks = {'shadow_ma': 8, 'none': 16, 'shadow_ea': 8, 'shadow_bmuf': 32}
 
-  def fake_loop(algorithm, num_train_examples, workdir):
-    order.append(algorithm)
+  def fake_loop(algorithm, num_train_examples, workdir, in_memory=False):
+    order.append(algorithm + (' in memory' if in_memory else ''))
     return {
       'train_steps': 100,
       'steps_per_dispatch': ks[algorithm],
-      'examples_per_sec': 90.0,
+      'examples_per_sec': 95.0 if in_memory else 90.0,
       'sync_rounds': 3,
       'eval_ne': 0.84,
     }
@@ -74,11 +82,11 @@ def test_a_job_is_timed_with_each_algorithm_in_turn_each_at_the_k_it_chose(monke
   monkeypatch.setattr(loop, 'time_job_loop', fake_loop)
   monkeypatch.setattr(loop, 'time_job_step_alone', fake_step_alone)
   rows = loop.run_job(2, 1000, tmp_path, ['python', '-m', 'benchmarks.loop'])
-  assert order == ['shadow_ma', 'none', 'shadow_ea', 'shadow_bmuf'] * 2
+  assert order == [f'{a}{b}' for a in ('shadow_ma', 'none', 'shadow_ea', 'shadow_bmuf') for b in ('', ' in memory')] * 2
   assert commands[1][-3:] == ['--process_step_alone=100', '--process_k=16', '--process_algorithm=none']
   assert sorted(rows) == ['job', 'job_none', 'job_shadow_bmuf', 'job_shadow_ea']
   assert rows['job']['algorithm'] == 'shadow_ma' and rows['job_none']['config'].endswith('replicas, none')
   assert [r['steps_per_dispatch'] for r in rows['job_shadow_bmuf']['runs']] == [32, 32]
-  assert rows['job']['loop_share_median'] == 0.9
+  assert rows['job']['loop_share_median'] == 0.9 and rows['job']['runs'][0]['in_memory_share'] == 0.95
   table = loop.table(rows).splitlines()
   assert table[-4].startswith('| default, 2 x 4 replicas, shadow_ma | 256 | 8 |') and ', none |' in table[-3]
