@@ -263,25 +263,6 @@ def base_config() -> ml_collections.ConfigDict:
   return config
 
 
-def incremental_setting(value: Any) -> bool | str | None:
-  """`recovery.incremental` as 'auto', True or False (a flag's text too); None: not one of them."""
-  text = str(value).lower()
-  return {'auto': 'auto', 'true': True, 'false': False}.get(text)
-
-
-def incremental_why_not(config: ml_collections.ConfigDict) -> str | None:
-  """None where only the training steps write table rows (each row they write is stamped: what incremental
-  checkpoints save, recovery/incremental.py); otherwise why incremental checkpoints cannot be exact."""
-  sync = config.sync
-  without_rounds = sync.algorithm in ('none', 'sync_sgd')
-  if sync.embedding_placement == 'sharded' or config.num_replicas == 1 or without_rounds or sync.what == 'dense':
-    return None
-  return (
-    f'sync.algorithm={sync.algorithm!r} with sync.what={sync.what!r} rewrites table rows in its rounds, which no '
-    "step stamps: use sync.what='dense', sharded tables, or recovery.incremental=false"
-  )
-
-
 def min_interval_from_text(text: str) -> float | str:
   """`sync.min_interval_s` from a flag's text: 'auto', or seconds >= 0; ConfigError otherwise."""
   if text == 'auto':
@@ -600,9 +581,12 @@ def _check_recovery(config: ml_collections.ConfigDict, num_processes: int) -> No
     raise ConfigError(f'recovery.priority_max_bytes={recovery.priority_max_bytes} must be >= 0 (0 = no cap).')
   if not 0 < recovery.ssu_sample_rate <= 1:
     raise ConfigError(f'recovery.ssu_sample_rate={recovery.ssu_sample_rate} must be in (0, 1].')
-  if incremental_setting(recovery.incremental) is None:
+  setting = recovery_modes.incremental_setting(recovery.incremental)
+  if setting is None:
     raise ConfigError(f"recovery.incremental={recovery.incremental!r} must be 'auto', true or false.")
-  if incremental_setting(recovery.incremental) is True and (why := incremental_why_not(config)):
+  sync = config.sync
+  why = recovery_modes.incremental_why_not(sync.algorithm, sync.embedding_placement, config.num_replicas, sync.what)
+  if setting is True and why:
     raise ConfigError(f'recovery.incremental=true: {why}.')
   if not recovery.rebaseline_fraction > 0:
     raise ConfigError(f'recovery.rebaseline_fraction={recovery.rebaseline_fraction} must be > 0.')

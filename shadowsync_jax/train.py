@@ -463,9 +463,10 @@ def train_and_evaluate(
   state_bytes = check_memory(config, meshes)
   # A restart of a job under 'auto' dispatches the K its first start chose: no probe, its warm-up one block.
   steps_per_dispatch = recovery_policies.steps_per_dispatch(config, workdir)
-  driver = sync_drivers.make_driver(config, meshes, mid_run=steps_per_dispatch != config.train.steps_per_dispatch)
   warmup_steps = block_plan.steps_until_chosen(steps_per_dispatch)
-  recovery = recovery_policies.make(config, meshes, workdir, total_steps, warmup_steps)  # It owns the checkpoints.
+  driver = sync_drivers.make_driver(config, meshes, first_round_after=warmup_steps)
+  warmup_blocks = block_plan.blocks_until_chosen(steps_per_dispatch)
+  recovery = recovery_policies.make(config, meshes, workdir, total_steps, warmup_steps, warmup_blocks)  # Owns saves.
 
   def fresh_state():  # Built only where nothing is restored: a restore never builds the tables first.
     state = init_replicated_state(config, meshes)

@@ -63,7 +63,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from shadowsync_jax import block_plan
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
@@ -115,7 +114,10 @@ class EmulatedFailures:
     total_steps: int,
     schedule: failures.FailureSchedule | None = None,
     checkpointer: checkpointing.Checkpointer | None = None,
+    untimed_blocks: int = 1,
   ):
+    """`untimed_blocks`: the blocks of the start that the calibration leaves out (the compiling one, and 'auto''s
+    probe: `block_plan.blocks_until_chosen`, the caller's)."""
     recovery = config.recovery
     if meshes.job is not meshes.local:
       raise ValueError(f'recovery.mode={recovery.mode!r} emulates failures in one process only.')
@@ -168,7 +170,7 @@ class EmulatedFailures:
     # Blocks not timed: the first (it compiles) and 'auto''s probe (blocks of 1 and 8 steps, each waited for, the
     # last one compiling the K chosen). Timed, they made the calibration's mean step several times a K-block's, and
     # full recovery's interval (Young's, from the save cost in steps) several times too short.
-    self._untimed_blocks = block_plan.blocks_until_chosen(config.train.steps_per_dispatch)
+    self._untimed_blocks = untimed_blocks
     self._abstract: PyTree = None  # Of the training tree, set by `start`.
     self._checkpoint_bytes = self._rows_bytes = 0
     self._sync_restarts: list[dict[str, Any]] = []
@@ -503,7 +505,7 @@ class EmulatedFailures:
     if isinstance(driver, (foreground.NoSync, foreground.ForegroundSync)):
       driver.start(state_L, sync_state_R)
       return driver
-    restarted = sync_drivers.RestartedSync(sync_drivers.make_driver(self._config, self._meshes, mid_run=True), driver)
+    restarted = sync_drivers.RestartedSync(sync_drivers.make_driver(self._config, self._meshes), driver)
     restarted.start(state_L, sync_state_R)
     self._sync_restarts.append({'step': self._executed})
     return restarted

@@ -14,7 +14,7 @@ PERSIA and TorchRec's `ModelDeltaTracker` track touched rows the same way. Here 
 changed: `row_steps` stamps every row the optimizer writes with the step count after it (`model.step`), so the
 rows changed since a baseline of step b are those stamped after b, exactly, on whichever device holds them
 (a replica's table, a shared copy, a shard of a sharded table). Rows are changed by the steps only where no sync
-round rewrites tables (`config.incremental_why_not`).
+round rewrites tables (`modes.incremental_why_not`).
 
 A baseline is `checkpointing.Checkpointer`'s save of the whole state (blocking above its async limit), but the first:
 the state the job started from (`INITIAL`, step 0), which `initial()` rebuilds bit for bit from the config's seed, is
@@ -53,10 +53,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from shadowsync_jax import config as config_lib
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
+from shadowsync_jax.recovery import modes
 
 PyTree = Any
 _ROW_PREFIXES = ("['train'].params['embedding']", "['train'].embedding_opt_state", "['train'].row_steps")
@@ -65,12 +65,15 @@ INITIAL = 0  # The baseline of the state the job started from (`initial`): never
 
 
 def enabled(config: ml_collections.ConfigDict, saves_block: bool) -> bool:
-  """`recovery.incremental` for a run: 'auto' is on where it applies (`config.incremental_why_not`) and a whole
+  """`recovery.incremental` for a run: 'auto' is on where it applies (`modes.incremental_why_not`) and a whole
   save would block the loop (`saves_block`: `checkpointing.saves_block` of this process's state, or
   emulated save costs); true and false as given."""
-  setting = config_lib.incremental_setting(config.recovery.incremental)
+  setting = modes.incremental_setting(config.recovery.incremental)
   if setting == 'auto':
-    return saves_block and config_lib.incremental_why_not(config) is None
+    sync = config.sync
+    return saves_block and not modes.incremental_why_not(
+      sync.algorithm, sync.embedding_placement, config.num_replicas, sync.what
+    )
   return bool(setting)
 
 

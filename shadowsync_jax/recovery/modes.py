@@ -9,6 +9,27 @@
             (`cost_model.choose`)
 """
 
+from typing import Any
+
 MODES = ('none', 'full', 'partial', 'cpr_mfu', 'cpr_ssu', 'cpr')
 PARTIAL_MODES = ('partial', 'cpr_mfu', 'cpr_ssu')
 FAILURE_TARGETS = ('replica', 'embedding_shard')
+
+
+def incremental_setting(value: Any) -> bool | str | None:
+  """`recovery.incremental` as 'auto', True or False (a flag's text too); None: not one of them."""
+  text = str(value).lower()
+  return {'auto': 'auto', 'true': True, 'false': False}.get(text)
+
+
+def incremental_why_not(algorithm: str, placement: str, num_replicas: int, synced: str) -> str | None:
+  """None where only the training steps write table rows (each row they write is stamped: what incremental
+  checkpoints save, `recovery.incremental`); otherwise why incremental checkpoints cannot be exact. The arguments:
+  `sync.algorithm`, `sync.embedding_placement`, `num_replicas`, `sync.what`."""
+  without_rounds = algorithm in ('none', 'sync_sgd')
+  if placement == 'sharded' or num_replicas == 1 or without_rounds or synced == 'dense':
+    return None
+  return (
+    f'sync.algorithm={algorithm!r} with sync.what={synced!r} rewrites table rows in its rounds, which no '
+    "step stamps: use sync.what='dense', sharded tables, or recovery.incremental=false"
+  )

@@ -62,12 +62,14 @@ def make(
   meshes: replicas.ReplicaMeshes,
   workdir: str | pathlib.Path,
   total_steps: int,
-  warmup_steps: int = 0,
+  warmup_steps: int = 1,
+  warmup_blocks: int = 1,
 ) -> RecoveryPolicy:
-  """The policy of `config.recovery.mode` for a job of `jax.process_count()` processes; `warmup_steps`: the steps
-  of a start before the loop runs at its pace (its first block and 'auto''s probe), a restart's cost."""
+  """The policy of `config.recovery.mode` for a job of `jax.process_count()` processes; `warmup_steps` and
+  `warmup_blocks`: the steps and blocks of a start before the loop runs at its pace (its compiling block and
+  'auto''s probe: `block_plan.steps_until_chosen`, `blocks_until_chosen`), a restart's cost, untimed."""
   if config.recovery.mode != 'none' and jax.process_count() == 1:
-    return emulated.EmulatedFailures(config, meshes, workdir, total_steps)
+    return emulated.EmulatedFailures(config, meshes, workdir, total_steps, untimed_blocks=warmup_blocks)
   return real.RealFailures(config, meshes, workdir, total_steps, warmup_steps)
 
 

@@ -28,7 +28,6 @@ from typing import Any, Protocol
 
 import ml_collections
 
-from shadowsync_jax import block_plan
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
 from shadowsync_jax.sync import consensus
@@ -94,9 +93,13 @@ class SyncDriver(Protocol):
   def stats(self) -> dict[str, Any]: ...
 
 
-def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes, mid_run: bool = False) -> SyncDriver:
-  """The driver for `config.sync.algorithm`: NoSync, ForegroundSync (`fr_*`) or ShadowSync (`shadow_*`); `mid_run`:
-  it takes over a loop whose K is in use (a restart inside the loop), so its first round waits for no probe."""
+def make_driver(
+  config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes, first_round_after: int = 1
+) -> SyncDriver:
+  """The driver for `config.sync.algorithm`: NoSync, ForegroundSync (`fr_*`) or ShadowSync (`shadow_*`).
+  `first_round_after`: the steps from the start before a shadow round (the compiling block, and 'auto''s probe: a
+  round's work in its timed blocks made it choose one step a dispatch; `block_plan.steps_until_chosen`, the
+  caller's); 1 where the loop's K is in use (a restart inside the loop) or given."""
   sync = config.sync
   tables = consensus.Tables(sync.embedding_placement, sync.shard_exchange)
   if sync.algorithm in ('none', 'sync_sgd'):
@@ -118,8 +121,6 @@ def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshe
     return foreground.ForegroundSync(
       algorithm, name, meshes, groups, sync.every_k_steps, donate=not keep_params, tables=tables
     )
-  # The first round after 'auto''s probe: a round's work in its timed blocks made it choose one step a dispatch.
-  first_round_after = 1 if mid_run else block_plan.steps_until_chosen(config.train.steps_per_dispatch)
   args = (algorithm, name, meshes, groups, sync.min_interval_s, sync.max_overhead, tables, first_round_after)
   if mode == 'shadow' and (meshes.job is meshes.local or sync.embedding_placement == 'sharded'):
     return scheduled.ScheduledShadowSync(*args)  # One program at a time for the whole job: rounds between blocks.

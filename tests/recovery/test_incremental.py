@@ -19,6 +19,7 @@ from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import incremental
 from shadowsync_jax.recovery import live_state
+from shadowsync_jax.recovery import modes as recovery_modes
 
 L, V, D = 2, 1000, 3
 
@@ -284,4 +285,4 @@ def test_incremental_checkpoints_are_refused_where_rounds_rewrite_tables():
     config_lib.validate(config, num_devices=8)
   config.sync.what = 'dense'
   config_lib.validate(config, num_devices=8)
-  assert config_lib.incremental_setting('auto') == 'auto' and config_lib.incremental_setting('maybe') is None
+  assert recovery_modes.incremental_setting('auto') == 'auto' and recovery_modes.incremental_setting('maybe') is None

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import default
+from shadowsync_jax import block_plan
 from shadowsync_jax import config as config_lib
 from shadowsync_jax import train
 from shadowsync_jax.data.batch import Batch
@@ -76,7 +77,13 @@ def _unit_recovery(tmp_path, initial_state, mode, failures_by_step, **overrides)
   meshes = replicas.make_meshes(2)
   checkpointer = checkpointing.Checkpointer(tmp_path / 'checkpoints', meshes)
   recovery = recovery_lib.EmulatedFailures(
-    config, meshes, tmp_path, total_steps=1000, schedule=_Scripted(failures_by_step), checkpointer=checkpointer
+    config,
+    meshes,
+    tmp_path,
+    total_steps=1000,
+    schedule=_Scripted(failures_by_step),
+    checkpointer=checkpointer,
+    untimed_blocks=block_plan.blocks_until_chosen(config.train.steps_per_dispatch),  # As train gives it.
   )
   recovery.start(0, initial_state, None)
   return recovery, foreground.NoSync('none', meshes), checkpointer

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import default
+from shadowsync_jax import block_plan
 from shadowsync_jax import train
 from shadowsync_jax.data import batch as batch_lib
 from shadowsync_jax.parallel import replicas
@@ -183,8 +184,9 @@ def test_make_driver_dense_only_and_its_settings():
 
 
 def test_the_first_shadow_round_waits_for_the_probe_of_the_k_it_runs():
-  """'auto' probes (then the first round waits 28 steps) for every shadow algorithm (each runs blocks of the K it
-  chooses), not under a K the config names, nor mid-run."""
+  """The caller (train) gives the steps before the first round: the compiling block and 'auto''s probe
+  (`block_plan.steps_until_chosen`: 28 under 'auto' for every shadow algorithm, each running blocks of the K it
+  chooses; 1 under a K the config names, or one in use: a restart)."""
   meshes = replicas.make_meshes(4)
   for algorithm, steps_per_dispatch, first_round_after in (
     ('shadow_ma', 'auto', 28),
@@ -193,10 +195,10 @@ def test_the_first_shadow_round_waits_for_the_probe_of_the_k_it_runs():
     ('shadow_ma', 16, 1),
   ):
     config = _config(algorithm)
-    config.train.steps_per_dispatch = steps_per_dispatch
-    driver = sync_drivers.make_driver(config, meshes)
+    waits = block_plan.steps_until_chosen(steps_per_dispatch)
+    driver = sync_drivers.make_driver(config, meshes, first_round_after=waits)
     assert driver._first_round_after == first_round_after, (algorithm, steps_per_dispatch)  # pylint: disable=protected-access
-    restarted = sync_drivers.make_driver(config, meshes, mid_run=True)  # emulated recovery's, mid-run: no probe
+    restarted = sync_drivers.make_driver(config, meshes)  # Emulated recovery's, mid-run: no probe.
     assert restarted._first_round_after == 1  # pylint: disable=protected-access
 
 

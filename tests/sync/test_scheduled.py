@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import default
+from shadowsync_jax import block_plan
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.parallel import replicas
@@ -135,7 +136,7 @@ def test_the_first_round_waits_for_autos_probe(steps_per_dispatch, first_round):
   config.train.steps_per_dispatch = steps_per_dispatch
   meshes = replicas.make_meshes(4)
   state = train.init_replicated_state(config, meshes)
-  driver = drivers.make_driver(config, meshes)
+  driver = drivers.make_driver(config, meshes, first_round_after=block_plan.steps_until_chosen(steps_per_dispatch))
   driver.start(state, driver.initial_sync_state(state))
   driver.block_carry(0, first_round - 1)
   assert driver.stats()['sync_rounds'] == 0
