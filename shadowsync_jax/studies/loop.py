@@ -294,9 +294,9 @@ def time_job_step_alone(process_command: list[str]) -> float:
 def run_job(
   repeats: int, num_train_examples: int, root: pathlib.Path, process_command: list[str]
 ) -> dict[str, dict[str, Any]]:
-  """The job's (b) and (a) for each of `JOB_ALGORITHMS`, in turn within each of `repeats` repeats (so that each
-  pair ran minutes apart); a row of `table` each, keyed 'job' (the first) and 'job_ALGORITHM' ((b') and (c) are not
-  timed for a job). `process_command` with `--process_step_alone=STEPS --process_k=K --process_algorithm=NAME`
+  """The job's (b), (b') and (a) for each of `JOB_ALGORITHMS`, in turn within each of `repeats` repeats (so that
+  each pair ran minutes apart); a row of `table` each, keyed 'job' (the first) and 'job_ALGORITHM' ((c) is not timed
+  for a job). `process_command` with `--process_step_alone=STEPS --process_k=K --process_algorithm=NAME`
   prints a process's (a)."""
   runs = {algorithm: [] for algorithm in JOB_ALGORITHMS}
   for repeat in range(repeats):
