@@ -82,6 +82,12 @@ def _round_agreement(meshes: replicas.ReplicaMeshes):
   return agree
 
 
+def _host_sum(contributions_L: PyTree) -> PyTree:
+  """This process's replicas' contributions to a round, read from its devices and summed on the host, replica
+  after replica (no collective: `algorithms.met_rounds`)."""
+  return jax.tree.map(lambda leaf: leaf.sum(axis=0), jax.device_get(contributions_L))
+
+
 def _sums_meeting(meshes: replicas.ReplicaMeshes):
   """`meet(vector, stopped) -> vectors`: every process's sums of a round, through the coordination service
   (`distributed.VectorAgreement`; in one process, its own). No collective of the job: a process whose peer is late
@@ -202,8 +208,7 @@ class ShadowSync:
       jax.block_until_ready(params_L)
       started = time.perf_counter()
       led_L, snapshot_L, contributions_L = self._hand_over_L(params_L, sync_state_L)
-      mean = jax.tree.map(lambda leaf: leaf.sum(axis=0), jax.device_get(contributions_L))
-      jax.block_until_ready(self._land_L(led_L, snapshot_L, sync_state_L, mean))
+      jax.block_until_ready(self._land_L(led_L, snapshot_L, sync_state_L, _host_sum(contributions_L)))
       seconds.append(time.perf_counter() - started)
     return statistics.median(seconds[1:])
 
@@ -414,10 +419,8 @@ class ShadowSync:
     """The mean over the job's replicas of their contributions, from this process's sum (of its replicas', read
     from its devices, in replica order) and every other process's, met on the host (None if stopped while a peer
     was awaited): the same bits on every process, summed in process order."""
-    leaves, treedef = jax.tree.flatten(jax.device_get(contributions_L))
-    local_sum = np.concatenate([np.ravel(leaf.sum(axis=0)) for leaf in leaves])  # Replica after replica.
-    leaves = [leaf[0] for leaf in leaves]  # One replica's shapes.
-    sums = self._meet(local_sum, self._stop.is_set)
+    leaves, treedef = jax.tree.flatten(_host_sum(contributions_L))
+    sums = self._meet(np.concatenate([np.ravel(leaf) for leaf in leaves]), self._stop.is_set)
     if sums is None:
       return None
     total = sums[0].copy()
