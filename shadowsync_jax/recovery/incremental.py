@@ -540,8 +540,8 @@ class IncrementalCheckpointer:
 
   def delete_before(self, step: int) -> None:
     """Deletes the checkpoints older than `step` but the newest complete one, and never a baseline a kept one needs;
-    without waiting for a differential being written (the complete ones it leaves do not need it)."""
-    self._full.wait()
+    without waiting for a differential or a baseline being written (`step` is at most the save before it, complete:
+    what it keeps does not need the one being written)."""
     steps = self.all_steps()
     needed = self._needed([s for s in steps if s >= step] + steps[-1:])
     self._delete([s for s in steps if s < step and s not in needed])

@@ -411,8 +411,7 @@ class RealFailures:
     """This process's checkpoints: whole, or incremental (`recovery.incremental`; the first baseline the `initial`
     tree, rebuilt and never written), keeping what a restart may need: everything a common cut may need under full
     recovery, `cpr` and lock-step algorithms; else the two newest."""
-    keep_older = self.mode == 'full' or self.requested_mode == 'cpr' or self._lock_step
-    directory, keep = self._workdir / 'checkpoints', None if keep_older else 2
+    directory, keep = self._workdir / 'checkpoints', None if self._keeps_cuts() else 2
     # Kills at a save (tests): inside its write, so they land in it every time.
     kills_at = self._control.fd is not None and self._control.kill_at_step
     during = self._kill_in_write if kills_at or fault_injection.kills_in_saves() else None
@@ -607,9 +606,14 @@ class RealFailures:
       self._recalibrate(sum(self._save_costs) / len(self._save_costs))
     if self._saver is not None and not self._config.recovery.priority_every_steps:
       self._pace_priority_saves(step)
-    if self.mode == 'full' or self._lock_step:  # Drop what no consistent cut can need any more.
+    if self._keeps_cuts():  # Drop what no consistent cut can need any more (orbax keeps everything here).
       oldest_needed = min([self._saved[-2] if len(self._saved) > 1 else 0] + self._peer_checkpoints())
       self._checkpointer.delete_before(oldest_needed)
+
+  def _keeps_cuts(self) -> bool:
+    """Whether a restart may need a checkpoint older than this process's newest (a consistent cut of the job: full
+    recovery, `cpr` before and after its choice, processes that step together); else orbax keeps the two newest."""
+    return self.mode == 'full' or self.requested_mode == 'cpr' or self._lock_step
 
   def _newest_complete(self, step: int) -> int | None:
     """This process's newest complete checkpoint before `step` (`step`'s own save may still be written)."""
