@@ -7,6 +7,7 @@ import re
 
 from shadowsync_jax.studies import headlines
 from shadowsync_jax.studies import report
+from shadowsync_jax.studies import reproduce
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [REPO_ROOT / 'README.md', REPO_ROOT / 'BUILD.md', *sorted((REPO_ROOT / 'docs').rglob('*.md'))]
@@ -130,6 +131,12 @@ def test_every_readme_headline_is_written_from_its_result_file_and_shown_on_its_
     )
     page = REPO_ROOT / re.search(r'\]\(([^)#]+)', page_cell).group(1)
     assert (path, text) in headlines.blocks(page.read_text()), f'{name}: {page.name} does not show the headline'
+
+
+def test_the_readmes_time_for_all_the_studies_is_what_their_result_files_recorded():
+  assert reproduce.readme_block(REPO_ROOT) == reproduce.total_line(reproduce.studies(reproduce.RESULTS_DIR, REPO_ROOT)), (
+    "the README's time for the studies is out of date; python -m benchmarks.refresh_docs"
+  )
 
 
 def test_every_headline_figure_is_a_figure_of_its_result_file_or_a_target():

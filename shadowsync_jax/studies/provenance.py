@@ -11,10 +11,11 @@ blob hash as it was when the result was written (uncommitted edits included), an
 own processes (`studies.jobs`, `parallel.supervisor`), every file of the library but `studies` (no job imports it)
 and of `experiments`, and the files a loaded module names in its `RUNS_ELSEWHERE` (run by another Python: TorchRec's
 worker): what a change must touch to change the result. Left out: the modules that write, date and read
-result files (`WRITERS`: this one, `report`, `result_files`, `staleness`, `headlines`), which measure nothing. The
-machine's load is read when this module is imported (a study binary imports it at its start) and again when the
+result files (`WRITERS`: this one, `report`, `result_files`, `staleness`, `headlines`, `reproduce`), which
+measure nothing. The machine's load is read when this module is imported (a study binary imports it at its start) and again when the
 record is made, and other work beside the study (every process but its own and its children) is measured in between,
-every 10 s (`_Beside`): the record says whether the machine was quiet."""
+every 10 s (`_Beside`): the record says whether the machine was quiet. `elapsed_s`: how long the study's process
+had run when it made the record (`reproduce` sums them)."""
 
 import datetime
 import json
@@ -101,7 +102,7 @@ _JOB_RUNNERS = ('shadowsync_jax.studies.jobs', 'shadowsync_jax.parallel.supervis
 _JOB_CODE = ('shadowsync_jax', 'experiments')
 _NOT_JOB_CODE = 'shadowsync_jax/studies/'  # The library never imports studies: no job runs them.
 WRITERS = tuple(
-  f'shadowsync_jax/studies/{name}.py' for name in ('provenance', 'report', 'result_files', 'staleness', 'headlines')
+  f'shadowsync_jax/studies/{name}.py' for name in ('provenance', 'report', 'result_files', 'staleness', 'headlines', 'reproduce')
 )
 QUIET_SHARE = 0.10  # Other work under this share of the cores in every window: the study ran on a quiet machine.
 _COMMENT = re.compile(r'<!-- provenance: (?P<json>\{.*?\}) -->', re.S)
@@ -165,6 +166,7 @@ def collect(command: str, repo: pathlib.Path = REPO_ROOT, modules: dict[str, Any
     # Other work's share of the cores beside the study, over 10-s windows: the mean and the largest.
     'beside_share_mean': round(sum(_BESIDE.shares) / len(_BESIDE.shares), 3) if _BESIDE.shares else None,
     'beside_share_max': round(max(_BESIDE.shares), 3) if _BESIDE.shares else None,
+    'elapsed_s': round(time.time() - psutil.Process().create_time(), 1),  # The study's whole run, to this record.
     'python': platform.python_version(),
     'jax': _version('jax'),
     'measures': measured,

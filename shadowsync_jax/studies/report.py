@@ -14,7 +14,8 @@ block under `docs/` when it writes the file, so the figures in the docs are the 
   ...                               (written by `write`; `tests/test_docs.py` checks that it matches the file)
   <!-- /results -->
 
-and the README's and the pages' headlines of the file (`headlines`).
+and the README's and the pages' headlines of the file (`headlines`), and the README's time for all the studies
+(`reproduce`).
 """
 
 from collections.abc import Mapping, Sequence
@@ -69,8 +70,10 @@ def write(
   refresh_docs(docs_dir, only=out)
   if pathlib.Path(docs_dir).resolve() == (provenance.REPO_ROOT / DOCS_DIR).resolve():  # Not a scratch page.
     from shadowsync_jax.studies import headlines  # pylint: disable=g-import-not-at-top  (it reads result files)
+    from shadowsync_jax.studies import reproduce  # pylint: disable=g-import-not-at-top  (it reads result files)
 
     headlines.refresh(only=out)
+    reproduce.refresh_readme()
   return out
 
 
