@@ -12,10 +12,10 @@ own processes (`studies.jobs`, `parallel.supervisor`), every file of the library
 and of `experiments`, and the files a loaded module names in its `RUNS_ELSEWHERE` (run by another Python: TorchRec's
 worker): what a change must touch to change the result. Left out: the modules that write, date and read
 result files (`WRITERS`: this one, `report`, `result_files`, `staleness`, `headlines`, `reproduce`), which
-measure nothing. The machine's load is read when this module is imported (a study binary imports it at its start) and again when the
-record is made, and other work beside the study (every process but its own and its children) is measured in between,
-every 10 s (`_Beside`): the record says whether the machine was quiet. `elapsed_s`: how long the study's process
-had run when it made the record (`reproduce` sums them)."""
+measure nothing. The machine's load is read when this module is imported (a study binary imports it at its start)
+and again when the record is made, and other work beside the study (every process but its own and its children) is
+measured in between, every 10 s (`_Beside`): the record says whether the machine was quiet. `elapsed_s`: how long
+the study's process had run when it made the record (`reproduce` sums them)."""
 
 import datetime
 import json
@@ -102,7 +102,8 @@ _JOB_RUNNERS = ('shadowsync_jax.studies.jobs', 'shadowsync_jax.parallel.supervis
 _JOB_CODE = ('shadowsync_jax', 'experiments')
 _NOT_JOB_CODE = 'shadowsync_jax/studies/'  # The library never imports studies: no job runs them.
 WRITERS = tuple(
-  f'shadowsync_jax/studies/{name}.py' for name in ('provenance', 'report', 'result_files', 'staleness', 'headlines', 'reproduce')
+  f'shadowsync_jax/studies/{name}.py'
+  for name in ('provenance', 'report', 'result_files', 'staleness', 'headlines', 'reproduce')
 )
 QUIET_SHARE = 0.10  # Other work under this share of the cores in every window: the study ran on a quiet machine.
 _COMMENT = re.compile(r'<!-- provenance: (?P<json>\{.*?\}) -->', re.S)

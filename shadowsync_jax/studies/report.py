@@ -73,7 +73,8 @@ def write(
     from shadowsync_jax.studies import reproduce  # pylint: disable=g-import-not-at-top  (it reads result files)
 
     headlines.refresh(only=out)
-    reproduce.refresh_readme()
+    if out.resolve().is_relative_to((provenance.REPO_ROOT / reproduce.RESULTS_DIR).resolve()):
+      reproduce.refresh_readme()  # A study's time, where a study's result was written.
   return out
 
 

@@ -41,26 +41,26 @@ class Study:
     return pathlib.PurePath(self.paths[0]).stem
 
 
-def studies(results_dir: str | pathlib.Path = RESULTS_DIR, repo: pathlib.Path = provenance.REPO_ROOT) -> list[Study]:
+def studies(
+  results_dir: str | pathlib.Path = RESULTS_DIR, repo: pathlib.Path = provenance.REPO_ROOT, stale: bool = True
+) -> list[Study]:
   """Every command that wrote a result file under `results_dir`, in the order of its first file's path. A file
-  with no provenance record cannot be rerun from itself, and is left out."""
-  by_command: dict[str, list[tuple[staleness.Entry, float | None]]] = {}
-  for entry in staleness.check(results_dir, repo):
-    record = provenance.read((repo / entry.path).read_text())
-    if record is None:
-      continue
-    by_command.setdefault(record['command'], []).append((entry, record.get('elapsed_s')))
+  with no provenance record cannot be rerun from itself, and is left out. `stale=False`: without asking git which
+  are stale (seconds for every file; `Study.stale` is then False)."""
+  root = pathlib.Path(results_dir)
+  root = root if root.is_absolute() else repo / root
+  by_command: dict[str, list[tuple[str, float | None]]] = {}
+  for path in sorted(root.rglob('*')):
+    record = provenance.read(path.read_text()) if path.suffix in staleness.RESULT_SUFFIXES else None
+    if record is not None:
+      relative = path.resolve().relative_to(repo.resolve()).as_posix()
+      by_command.setdefault(record['command'], []).append((relative, record.get('elapsed_s')))
   found = []
-  for command, entries in by_command.items():
-    times = [elapsed for _, elapsed in entries if elapsed is not None]
-    found.append(
-      Study(
-        command,
-        tuple(entry.path for entry, _ in entries),
-        any(entry.stale for entry, _ in entries),
-        max(times) if times else None,
-      )
-    )
+  for command, files in by_command.items():
+    times = [elapsed for _, elapsed in files if elapsed is not None]
+    paths = tuple(path for path, _ in files)
+    is_stale = stale and any(staleness.entry(repo / path, repo).stale for path in paths)
+    found.append(Study(command, paths, is_stale, max(times) if times else None))
   return sorted(found, key=lambda study: study.paths[0])
 
 
@@ -126,10 +126,9 @@ def total_line(found: Sequence[Study]) -> str:
   """How long all the studies take, from the times their result files recorded (module docstring): what the
   README says (whatever is stale, so that a change to the code does not change it)."""
   timed = [study.elapsed_s for study in found if study.elapsed_s is not None]
-  return (
-    f'{len(found)} studies; {len(timed)} timed when they last ran, {sum(timed) / 3600:.1f} h together'
-    + (f', {len(found) - len(timed)} not timed yet (written before times were recorded)' if len(timed) < len(found) else '')
-  )
+  line = f'{len(found)} studies; {len(timed)} timed when they last ran, {sum(timed) / 3600:.1f} h together'
+  untimed = len(found) - len(timed)
+  return line + (f', {untimed} not timed yet (written before times were recorded)' if untimed else '')
 
 
 def refresh_readme(repo: pathlib.Path = provenance.REPO_ROOT, results_dir: str = RESULTS_DIR) -> bool:
@@ -137,7 +136,8 @@ def refresh_readme(repo: pathlib.Path = provenance.REPO_ROOT, results_dir: str =
   changed."""
   readme = repo / README
   text = readme.read_text()
-  new = _README_BLOCK.sub(lambda m: m.group(1) + total_line(studies(results_dir, repo)) + m.group(3), text)
+  line = total_line(studies(results_dir, repo, stale=False))
+  new = _README_BLOCK.sub(lambda m: m.group(1) + line + m.group(3), text)
   if new != text:
     readme.write_text(new)
   return new != text

@@ -85,8 +85,9 @@ def test_a_rerun_runs_each_recorded_command_with_this_python_and_goes_on_past_a_
 
 def test_the_readme_says_how_long_the_studies_take_from_what_their_files_recorded(repo):
   assert reproduce.refresh_readme(repo, 'results')
-  line = reproduce.readme_block(repo)
-  assert line == '2 studies; 1 timed when they last ran, 0.5 h together, 1 not timed yet (written before times were recorded)'
+  assert reproduce.readme_block(repo) == (
+    '2 studies; 1 timed when they last ran, 0.5 h together, 1 not timed yet (written before times were recorded)'
+  )
   assert not reproduce.refresh_readme(repo, 'results')  # Current.
   (repo / 'lib' / 'a.py').write_text('X = 2\n')
   assert not reproduce.refresh_readme(repo, 'results')  # Stale code changes no time.
