@@ -26,6 +26,7 @@ process 0 writes the metrics and `summary.json`. Every process returns the summa
 """
 
 from collections.abc import Callable
+import dataclasses
 import functools
 import pathlib
 import socket
@@ -292,10 +293,12 @@ class BlockDispatcher:
     between=None,
     steps_per_dispatch: int | str | None = None,
     chosen: Callable[[int], None] = lambda steps: None,
+    make_block: Callable[..., Any] | None = None,
   ):
     """`between`: a sync driver's rounds fused into the blocks (`SyncDriver.between_steps`); each `dispatch` is then
     given the driver (`rounds`) for the blocks' carry. `steps_per_dispatch`: K, or 'auto' (default: the config's);
-    `chosen(K)` is called once 'auto' chose it (the job's, where the processes agree on one)."""
+    `chosen(K)` is called once 'auto' chose it (the job's, where the processes agree on one). `make_block`: what
+    builds the block program from (config, meshes, between) (default `make_train_block`; a study's stand-in)."""
     self._config, self._meshes, self._delay = config, meshes, delay
     self._num_local = meshes.local.shape[replicas.REPLICA_AXIS]
     first = jax.process_index() * self._num_local
@@ -328,7 +331,7 @@ class BlockDispatcher:
         processes=config.data.reader_processes,
         place=lambda block: replicas.shard(block, meshes.local),
       )
-    self._train_block = make_train_block(config, meshes, between)
+    self._train_block = (make_block or make_train_block)(config, meshes, between)
     self._fused = between is not None
     self._rounds: Any = None  # The driver of the fused rounds, as the last `dispatch` was given it.
     self._in_flight = None
@@ -432,14 +435,114 @@ class BlockDispatcher:
     return replicas.shard((nothing, np.zeros(self._num_local, np.int32)), self._meshes.local)
 
 
+@dataclasses.dataclass
+class Loop:
+  """Where a run of the loop is (`run_blocks` moves it on): the train state, the next step, the sync driver (a full
+  recovery may restart it), and its timed steps: those after its first block (which compiles), and their seconds
+  less the loop's pauses (compiling the K 'auto' chose); `first_block_done_at` (`time.time()`): when that block
+  was done."""
+
+  state: Any
+  step: int
+  driver: Any
+  timed_steps: int = 0
+  timed_s: float = 0.0
+  first_block_done_at: float | None = None
+
+
+class _NoRecovery:
+  """No checkpoints, no failures: a loop run outside `train_and_evaluate` (`studies.shadow_overhead`'s windows)."""
+
+  def waits_for(self, step: int) -> bool:
+    return False
+
+  def next_due(self, step: int) -> None:
+    return None
+
+  def at_boundary(self, step, state_L, steps, block, driver, trained=None):
+    return state_L, driver, None
+
+
+class _NoLog:
+  def next_due(self, step: int) -> None:
+    return None
+
+  def at_boundary(self, step, state, steps, metrics, driver) -> None:
+    return None
+
+  def flush(self) -> None:
+    return None
+
+
+def run_blocks(
+  loop: Loop,
+  until: int,
+  blocks: BlockDispatcher,
+  recovery: Any = None,
+  log: Any = None,
+  delay: straggler.Straggler | None = None,
+  progress_line: progress.ProgressLine | None = None,
+  first_block_untimed: bool = True,
+) -> None:
+  """The training loop (docs/design.md §13): blocks from `loop.step` to `until`, the hooks at each boundary (the
+  sync driver; recovery, the metric log, a straggler's delay and the progress line where given); moves `loop` on as
+  it goes (an error leaves it where it was). `first_block_untimed`: the loop's first block is waited for and left
+  out of its timed steps (a run's first, which compiles; `studies.shadow_overhead`'s windows time every block)."""
+  recovery, log = recovery or _NoRecovery(), log or _NoLog()
+  delay = delay or straggler.Straggler(1.0, 0, 1)
+  first_step, paused_at_start = loop.step, blocks.paused_s
+  timed_start = None if first_block_untimed else time.perf_counter()
+
+  def hooks_due(at: int) -> list[int | None]:
+    return [until, loop.driver.next_due(at), recovery.next_due(at), log.next_due(at), delay.next_due(at, first_step)]
+
+  while loop.step < until:
+    paused_before, step = blocks.paused_s, loop.step
+    loop.state = loop.driver.before_block(step, loop.state)  # Rounds due here, on the params the block starts from.
+    loop.state, metrics, block, steps = blocks.dispatch(loop.state, step, hooks_due, rounds=loop.driver)
+    trained = step  # The block before this one is done (`dispatch` keeps one in flight).
+    loop.step = step = step + steps
+    # Blocks the loop waits for before their boundary (none is left in flight): the first (it compiles), 'auto''s
+    # probes, a straggler's (stretched), and one whose last step recovery must find trained (a kill there).
+    first = timed_start is None
+    waited = first or blocks.waited or delay.waits_for_blocks or recovery.waits_for(step)
+    if waited:
+      jax.block_until_ready(metrics)
+      trained = step
+    if first:  # Examples/sec counts from the end of the first block.
+      timed_start, loop.first_block_done_at = time.perf_counter(), time.time()
+    else:
+      loop.timed_steps += steps
+    delay.after_block(metrics, steps)
+    # Shadow paces time the blocks that ended since the last boundary, less a compile of 'auto''s K.
+    loop.state = loop.driver.at_boundary(step, loop.state, steps, waited, blocks.paused_s - paused_before)
+    loop_work_start = time.perf_counter()
+    log.at_boundary(step, loop.state, steps, metrics, loop.driver)
+    if progress_line is not None:
+      progress_line.update(step)
+    # Checkpoints due here; failures (emulated), a lost peer (real: saves what survives and exits here).
+    loop.state, loop.driver, rewind_to = recovery.at_boundary(step, loop.state, steps, block, loop.driver, trained)
+    loop.driver.loop_work(time.perf_counter() - loop_work_start)  # A shadow pace leaves a block with a save out.
+    if rewind_to is not None:  # Full recovery: the data restarts at the restored checkpoint.
+      loop.step = rewind_to
+  log.flush()
+  jax.block_until_ready(loop.state)
+  if timed_start is not None:
+    loop.timed_s += time.perf_counter() - timed_start - (blocks.paused_s - paused_at_start)
+
+
 def train_and_evaluate(
-  config: ml_collections.ConfigDict, workdir: str | pathlib.Path, started_at: float | None = None
+  config: ml_collections.ConfigDict,
+  workdir: str | pathlib.Path,
+  started_at: float | None = None,
+  make_block: Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming if it holds a checkpoint); returns the summary written to summary.json.
 
   `started_at` (`time.time()`): when the caller's program started, from which the summary's `startup_s` counts;
   default: the process's creation (a shell that `exec`s the binary after work of its own created it, so a binary
-  notes its own start).
+  notes its own start). `make_block`: a study's block program in place of `make_train_block` (`BlockDispatcher`;
+  `studies.loop` times the loop around one that does no work).
 
   When `config.train.stop_at_step` stops the run early, returns {'stopped_at_step': step} and writes no summary.
   """
@@ -484,6 +587,7 @@ def train_and_evaluate(
     between=driver.between_steps(),
     steps_per_dispatch=steps_per_dispatch,
     chosen=functools.partial(recovery_policies.note_steps_per_dispatch, workdir),
+    make_block=make_block,
   )
   writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
   log = _MetricLog(writer, config, examples_per_step)
@@ -493,51 +597,19 @@ def train_and_evaluate(
   recovery.start(start_step, state, sync_state)
   log.prepare(state.params, start_step, stop_step)
 
-  def hooks_due(at: int) -> list[int | None]:
-    return [driver.next_due(at), recovery.next_due(at), log.next_due(at), delay.next_due(at, start_step)]
-
-  step, timed_start, timed_steps, startup_s = start_step, None, 0, None
-  try:
-    while step < stop_step:
-      paused_before = blocks.paused_s
-      state = driver.before_block(step, state)  # Rounds due here, on the params the next block starts from.
-      state, metrics, block, steps = blocks.dispatch(state, step, hooks_due, rounds=driver)
-      trained = step  # The block before this one is done (`dispatch` keeps one in flight).
-      step += steps
-      # Blocks the loop waits for before their boundary (none is left in flight): the first (it compiles), 'auto''s
-      # probes, a straggler's (stretched), and one whose last step recovery must find trained (a kill there).
-      first = timed_start is None
-      waited = first or blocks.waited or delay.waits_for_blocks or recovery.waits_for(step)
-      if waited:
-        jax.block_until_ready(metrics)
-        trained = step
-      if first:  # Examples/sec counts from the end of the first block (one step).
-        timed_start = time.perf_counter()
-        started = psutil.Process().create_time() if started_at is None else started_at
-        startup_s = time.time() - started  # From the program's start: imports, init, compile.
-      else:
-        timed_steps += steps
-      delay.after_block(metrics, steps)
-      # Shadow paces time the blocks that ended since the last boundary, less a compile of 'auto''s K.
-      state = driver.at_boundary(step, state, steps, waited, blocks.paused_s - paused_before)
-      loop_work_start = time.perf_counter()
-      log.at_boundary(step, state, steps, metrics, driver)
-      progress_line.update(step)
-      # Checkpoints due here; failures (emulated), a lost peer (real: saves what survives and exits here).
-      state, driver, rewind_to = recovery.at_boundary(step, state, steps, block, driver, trained)
-      driver.loop_work(time.perf_counter() - loop_work_start)  # A shadow pace leaves a block with a save out.
-      if rewind_to is not None:  # Full recovery: the data restarts at the restored checkpoint.
-        step = rewind_to
-    log.flush()
-    jax.block_until_ready(state)
-    # This process's own pace: the time it waits below for slower processes is not part of it.
-    timed_seconds = time.perf_counter() - timed_start - blocks.paused_s if timed_start is not None else 0.0
+  loop = Loop(state, start_step, driver)
+  try:  # This process's own pace is timed here: its wait below for slower processes is not part of it.
+    run_blocks(loop, stop_step, blocks, recovery, log, delay, progress_line)
   except BaseException as error:
-    recovery.on_error(error, step, state, driver)  # A collective that lost its partner: save and exit there.
-    driver.finish(state, abandon=True)
+    recovery.on_error(error, loop.step, loop.state, loop.driver)  # A collective that lost its partner: save, exit.
+    loop.driver.finish(loop.state, abandon=True)
     raise
   finally:
     blocks.close()
+  state, step, driver, timed_steps, timed_seconds = loop.state, loop.step, loop.driver, loop.timed_steps, loop.timed_s
+  startup_s = None
+  if loop.first_block_done_at is not None:  # From the program's start: imports, init, compile, the first block.
+    startup_s = loop.first_block_done_at - (psutil.Process().create_time() if started_at is None else started_at)
   distributed.report(step, 'finish')  # It may wait long below for slower processes: no peer takes it for hung.
   state = driver.finish(state)  # Shadow rounds end together on every process: cross-process calls are safe below.
   distributed.wait_for_every_process('trained')  # Without rounds, a fast process may be far ahead of a slow one.

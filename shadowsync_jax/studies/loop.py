@@ -110,14 +110,10 @@ def _make_no_work_block(config, meshes, between=None):
 def time_loop(config, workdir: pathlib.Path, no_work: bool = False, in_memory: bool = False) -> dict[str, Any]:
   """(b), with `no_work` (c), with `in_memory` (b': `data.in_memory`): the summary of `train.train_and_evaluate` on
   `config`."""
-  make_train_block = train.make_train_block
-  if no_work:
-    train.make_train_block = _make_no_work_block
   config.data.in_memory = in_memory
   try:
-    return train.train_and_evaluate(config, workdir)
+    return train.train_and_evaluate(config, workdir, make_block=_make_no_work_block if no_work else None)
   finally:
-    train.make_train_block = make_train_block
     shutil.rmtree(workdir, ignore_errors=True)  # Its checkpoints: 2.2 GB a run at Kaggle's size; the summary is kept.
     gc.collect()
 

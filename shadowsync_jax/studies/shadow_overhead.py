@@ -41,6 +41,7 @@ from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import drivers as sync_drivers
+from shadowsync_jax.sync import foreground
 
 _WARMUP_STEPS = 40  # Compiles the block, and 'auto' picks K, before any window is timed (a driver compiles its round in
 # `start`).
@@ -232,14 +233,14 @@ def note(variant: str, base: ml_collections.ConfigDict, settings: Settings, algo
 
 
 class _Loop:
-  """The training loop of `train.train_and_evaluate`, without metrics or checkpoints: its `train.BlockDispatcher`
-  (blocks planned as there, 'auto' measured in the warm-up, the next one read while one trains, one in flight), the
-  driver's rounds fused into its blocks if one is given."""
+  """The training loop of `train.train_and_evaluate` (`train.run_blocks`), without metrics or checkpoints, over one
+  `train.BlockDispatcher` (blocks planned as there, 'auto' measured in the warm-up, the next one read while one
+  trains, one in flight), the driver's rounds fused into its blocks if one is given."""
 
   def __init__(self, config, meshes, source, stop_step: int, driver: sync_drivers.SyncDriver | None = None):
     between = driver.between_steps() if driver is not None else None
     self._blocks = train.BlockDispatcher(config, meshes, source, stop_step, between=between)
-    self._driver = driver
+    self._driver = driver if driver is not None else foreground.NoSync('none', meshes)
     self._examples_per_step = config.num_replicas * config.batch_size
 
   @property
@@ -247,19 +248,11 @@ class _Loop:
     return self._blocks.plan.steps_per_dispatch
 
   def run(self, state, step: int, steps: int) -> tuple[Any, int, float]:
-    """`steps` steps from `step`; returns (state, step, their examples/sec)."""
-    driver = self._driver
-    start, end = time.perf_counter(), step + steps
-    while step < end:
-      due = lambda at, end=end: [end, driver.next_due(at) if driver is not None else None]
-      if driver is not None:
-        state = driver.before_block(step, state)
-      state, _, _, n = self._blocks.dispatch(state, step, due, rounds=driver)
-      step += n
-      if driver is not None:
-        state = driver.at_boundary(step, state, n, self._blocks.waited)
-    jax.block_until_ready(state)
-    return state, step, steps * self._examples_per_step / (time.perf_counter() - start)
+    """`steps` steps from `step`, every block timed; returns (state, step, their examples/sec)."""
+    start = time.perf_counter()
+    loop = train.Loop(state, step, self._driver)
+    train.run_blocks(loop, step + steps, self._blocks, first_block_untimed=False)
+    return loop.state, loop.step, steps * self._examples_per_step / (time.perf_counter() - start)
 
   def close(self) -> None:
     self._blocks.close()
