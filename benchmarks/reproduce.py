@@ -38,8 +38,7 @@ def main(argv):
     print('Every study is current: nothing to rerun (--all reruns them all).')
     return
   failed = reproduce.run(chosen)
-  print(f'{len(chosen) - len(failed)} of {len(chosen)} studies rerun.')
-  reproduce.refresh_readme()
+  print(f'{len(chosen) - len(failed)} of {len(chosen)} studies rerun.')  # Each wrote the README's time (`report`).
   if failed:
     sys.exit('failed: ' + '; '.join(study.command for study in failed))
 

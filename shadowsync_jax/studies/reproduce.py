@@ -47,11 +47,9 @@ def studies(
   """Every command that wrote a result file under `results_dir`, in the order of its first file's path. A file
   with no provenance record cannot be rerun from itself, and is left out. `stale=False`: without asking git which
   are stale (seconds for every file; `Study.stale` is then False)."""
-  root = pathlib.Path(results_dir)
-  root = root if root.is_absolute() else repo / root
   by_command: dict[str, list[tuple[str, float | None]]] = {}
-  for path in sorted(root.rglob('*')):
-    record = provenance.read(path.read_text()) if path.suffix in staleness.RESULT_SUFFIXES else None
+  for path in staleness.result_paths(results_dir, repo):
+    record = provenance.read(path.read_text())
     if record is not None:
       relative = path.resolve().relative_to(repo.resolve()).as_posix()
       by_command.setdefault(record['command'], []).append((relative, record.get('elapsed_s')))

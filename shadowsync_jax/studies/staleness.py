@@ -87,13 +87,17 @@ def _same_code(repo: pathlib.Path, path: str, old_blob: str) -> bool:
     return False
 
 
-def check(results_dir: str | pathlib.Path, repo: pathlib.Path = provenance.REPO_ROOT) -> Iterator[Entry]:
-  """An `Entry` for every result file under `results_dir`, in path order."""
+def result_paths(results_dir: str | pathlib.Path, repo: pathlib.Path = provenance.REPO_ROOT) -> list[pathlib.Path]:
+  """Every result file under `results_dir` (relative to `repo` unless absolute), in path order."""
   root = pathlib.Path(results_dir)
   root = root if root.is_absolute() else repo / root
-  for path in sorted(root.rglob('*')):
-    if path.suffix in RESULT_SUFFIXES and path.is_file():
-      yield entry(path, repo)
+  return [path for path in sorted(root.rglob('*')) if path.suffix in RESULT_SUFFIXES and path.is_file()]
+
+
+def check(results_dir: str | pathlib.Path, repo: pathlib.Path = provenance.REPO_ROOT) -> Iterator[Entry]:
+  """An `Entry` for every result file under `results_dir`, in path order."""
+  for path in result_paths(results_dir, repo):
+    yield entry(path, repo)
 
 
 def describe(e: Entry, max_commits: int = 8) -> str:
