@@ -25,21 +25,23 @@ from shadowsync_jax.model import dlrm
 from shadowsync_jax.model import table_placement
 from shadowsync_jax.recovery import intervals as checkpoint_interval
 from shadowsync_jax.recovery import modes as recovery_modes
+from shadowsync_jax.sync import algorithms as sync_algorithms_lib
 
-SYNC_ALGORITHMS = (
-  'none',
-  'sync_sgd',
-  'fr_ma',
-  'fr_ea',
-  'fr_bmuf',
-  'shadow_ma',
-  'shadow_ea',
-  'shadow_bmuf',
-  'gba',
-  'async_sgd',
-)
 PARAMETER_SERVER_ALGORITHMS = ('gba', 'async_sgd')  # One server model (the gba package).
-SHADOW_ALGORITHMS = ('shadow_ma', 'shadow_ea', 'shadow_bmuf')  # Rounds off the training path (docs/design.md §3).
+
+
+def shadow_algorithms() -> tuple[str, ...]:
+  """Rounds off the training path (docs/design.md §3): `shadow_` and each of `sync.algorithms.names()`."""
+  return tuple(f'shadow_{name}' for name in sync_algorithms_lib.names())
+
+
+def sync_algorithms() -> tuple[str, ...]:
+  """Every `sync.algorithm`: none, sync SGD, each round algorithm (`sync.algorithms`, registered ones included)
+  in the foreground (`fr_`) and in the background (`shadow_`), and the parameter server's."""
+  foreground = tuple(f'fr_{name}' for name in sync_algorithms_lib.names())
+  return ('none', 'sync_sgd', *foreground, *shadow_algorithms(), *PARAMETER_SERVER_ALGORITHMS)
+
+
 SYNCED_PARAMS = ('dense', 'all')
 EMBEDDING_PLACEMENTS = (*table_placement.PLACEMENTS, 'auto')
 # 'auto' shards tables of more bytes than this (one copy of all 26) when there are several replicas.
@@ -152,7 +154,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.optimizer.embedding_learning_rate = 0.05
 
   config.sync = ml_collections.ConfigDict()
-  config.sync.algorithm = 'none'  # One of SYNC_ALGORITHMS (docs/design.md §3).
+  config.sync.algorithm = 'none'  # One of sync_algorithms() (docs/design.md §3).
   config.sync.every_k_steps = 10  # Foreground algorithms: steps between blocking rounds.
   # Shadow algorithms: least seconds between the starts of two background rounds, or 'auto': paced, as the run
   # measures what rounds cost, to cost the trainers at most sync.max_overhead (sync/pacing.py). Typed `object` so
@@ -502,7 +504,7 @@ def _check_optimizer(config: ml_collections.ConfigDict) -> None:
 
 def _check_sync(config: ml_collections.ConfigDict) -> None:
   sync = config.sync
-  _check_choice(config, 'sync.algorithm', SYNC_ALGORITHMS)
+  _check_choice(config, 'sync.algorithm', sync_algorithms())
   _check_choice(config, 'sync.what', SYNCED_PARAMS)
   _check_choice(config, 'sync.embedding_placement', EMBEDDING_PLACEMENTS)
   _check_choice(config, 'sync.shard_exchange', SHARD_EXCHANGES)

@@ -25,13 +25,12 @@ checkpoints them at its own pace, the sync driver couples them, all of them eval
 process 0 writes the metrics and `summary.json`. Every process returns the summary.
 """
 
-from collections.abc import Callable
-import dataclasses
+from collections.abc import Callable, Sequence
 import functools
 import pathlib
 import socket
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from jax import lax
@@ -42,6 +41,7 @@ import psutil
 
 from shadowsync_jax import block_plan
 from shadowsync_jax import config as config_lib
+from shadowsync_jax import hooks
 from shadowsync_jax.data import batch as batch_lib
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.data import readers as readers_lib
@@ -193,7 +193,7 @@ def check_memory(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMesh
 DIVERGENCE_SHARE = 0.02
 
 
-class _MetricLog:
+class _MetricLog(hooks.Hook):
   """The metric stream's writes (train loss, examples/sec, replica divergence, the driver's statistics) every
   `train.log_every_steps` steps (a block ends there) or `train.log_every_s` seconds (at the first boundary after);
   the divergence with every write by steps, and with those by seconds no more often than its cost allows
@@ -225,7 +225,8 @@ class _MetricLog:
   def next_due(self, step: int) -> int:
     return (step // self._every_steps + 1) * self._every_steps
 
-  def at_boundary(self, step: int, state: step_lib.TrainState, steps: int, metrics: dict, driver: Any) -> None:
+  def at_boundary(self, b: hooks.Boundary) -> None:
+    step, state, steps, metrics, driver = b.step, b.state, b.steps, b.metrics, b.driver
     self.flush()  # The write due at the last boundary: that block is done, or nearly.
     self._blocks += 1
     now = time.perf_counter()
@@ -244,6 +245,9 @@ class _MetricLog:
     stats = {k: v for k, v in driver.stats().items() if v is not None}
     self._pending = (step, self._losses, now - self._start, divergence, stats)
     self._losses, self._start = [], now
+
+  def end(self, b: hooks.Boundary) -> None:
+    self.flush()
 
   def flush(self) -> None:
     """Writes the pending write, reading its values from the device."""
@@ -289,7 +293,6 @@ class BlockDispatcher:
     meshes: replicas.ReplicaMeshes,
     source,
     stop_step: int,
-    delay: straggler.Straggler | None = None,
     between=None,
     steps_per_dispatch: int | str | None = None,
     chosen: Callable[[int], None] = lambda steps: None,
@@ -299,7 +302,7 @@ class BlockDispatcher:
     given the driver (`rounds`) for the blocks' carry. `steps_per_dispatch`: K, or 'auto' (default: the config's);
     `chosen(K)` is called once 'auto' chose it (the job's, where the processes agree on one). `make_block`: what
     builds the block program from (config, meshes, between) (default `make_train_block`; a study's stand-in)."""
-    self._config, self._meshes, self._delay = config, meshes, delay
+    self._config, self._meshes = config, meshes
     self._num_local = meshes.local.shape[replicas.REPLICA_AXIS]
     first = jax.process_index() * self._num_local
     max_steps = block_plan.max_steps_for(self._num_local * config.batch_size)
@@ -341,18 +344,20 @@ class BlockDispatcher:
     self.paused_s = 0.0  # Compiling the K 'auto' chose: no training time.
     self.waited = False  # The last dispatch waited for its own block ('auto' timing it): no block is in flight.
 
+  def next_block(self, step: int, due_steps: Callable[[int], list[int | None]]) -> int:
+    """The steps of the next block from `step`, cut at `due_steps(step)` (the steps where hooks act next, seen
+    from a step)."""
+    return self.plan.next_block(step, due_steps(step))
+
   def dispatch(
-    self, state_L: Any, step: int, due_steps: Callable[[int], list[int | None]], rounds: Any = None
-  ) -> tuple[Any, dict, batch_lib.Batch, int]:
-    """(state, metrics, block, steps): the next block from `step`, cut at `due_steps(step)` (the steps where hooks
-    act next, seen from a step), dispatched; the block before it done. The block after it is read meanwhile, as
-    long as `due_steps` of its first step says it will be: blocks cut short by events every few steps read no
-    more than they train (a CPR run's priority saves every 7 steps had K=64 steps of data read for each). `rounds`:
-    the sync driver whose rounds the blocks fuse (`block_carry`, `after_block`), where `between` was given."""
+    self, state_L: Any, step: int, steps: int, due_steps: Callable[[int], list[int | None]], rounds: Any = None
+  ) -> tuple[Any, dict, batch_lib.Batch]:
+    """(state, metrics, block): the block of `steps` from `step` (`next_block`'s), dispatched; the block before it
+    done. The block after it is read meanwhile, as long as `due_steps` of its first step says it will be: blocks
+    cut short by events every few steps read no more than they train (a CPR run's priority saves every 7 steps had
+    K=64 steps of data read for each). `rounds`: the sync driver whose rounds the blocks fuse (`block_carry`,
+    `after_block`), where `between` was given."""
     self._rounds = rounds
-    steps = self.plan.next_block(step, due_steps(step))
-    if self._delay is not None:  # A straggler's sleep, before its block: a peer's same block waits for it.
-      self._delay.before_block(steps)
     probing, started = self.plan.probing, time.perf_counter()
     self.waited = probing
     block, placed = self.reader.take(step, steps)
@@ -381,7 +386,7 @@ class BlockDispatcher:
         state_L = self._use_steps_per_dispatch(state_L)
     elif self._all_steps_compiled is None and self.plan.steps_per_dispatch is not None:
       self._compile_all_steps(state_L)  # A K given in the config: at the first block, before the timed ones.
-    return state_L, metrics, block, steps
+    return state_L, metrics, block
 
   def close(self) -> None:
     self.reader.close()
@@ -435,100 +440,74 @@ class BlockDispatcher:
     return replicas.shard((nothing, np.zeros(self._num_local, np.int32)), self._meshes.local)
 
 
-@dataclasses.dataclass
-class Loop:
-  """Where a run of the loop is (`run_blocks` moves it on): the train state, the next step, the sync driver (a full
-  recovery may restart it), and its timed steps: those after its first block (which compiles), and their seconds
-  less the loop's pauses (compiling the K 'auto' chose); `first_block_done_at` (`time.time()`): when that block
-  was done."""
+class Timing(NamedTuple):
+  """A loop's timed steps: those after its first block (which compiles; all of them where the caller times every
+  block), their seconds less the loop's pauses (compiling the K 'auto' chose), and when that first block was done
+  (`time.time()`; None where no block is left untimed)."""
 
-  state: Any
-  step: int
-  driver: Any
-  timed_steps: int = 0
-  timed_s: float = 0.0
-  first_block_done_at: float | None = None
-
-
-class _NoRecovery:
-  """No checkpoints, no failures: a loop run outside `train_and_evaluate` (`studies.shadow_overhead`'s windows)."""
-
-  def waits_for(self, step: int) -> bool:
-    return False
-
-  def next_due(self, step: int) -> None:
-    return None
-
-  def at_boundary(self, step, state_L, steps, block, driver, trained=None):
-    return state_L, driver, None
-
-
-class _NoLog:
-  def next_due(self, step: int) -> None:
-    return None
-
-  def at_boundary(self, step, state, steps, metrics, driver) -> None:
-    return None
-
-  def flush(self) -> None:
-    return None
+  steps: int
+  seconds: float
+  first_block_done_at: float | None
 
 
 def run_blocks(
-  loop: Loop,
+  b: hooks.Boundary,
   until: int,
   blocks: BlockDispatcher,
-  recovery: Any = None,
-  log: Any = None,
-  delay: straggler.Straggler | None = None,
-  progress_line: progress.ProgressLine | None = None,
+  hooks_before: Sequence[hooks.Hook] = (),
+  hooks_after: Sequence[hooks.Hook] = (),
   first_block_untimed: bool = True,
-) -> None:
-  """The training loop (docs/design.md §13): blocks from `loop.step` to `until`, the hooks at each boundary (the
-  sync driver; recovery, the metric log, a straggler's delay and the progress line where given); moves `loop` on as
-  it goes (an error leaves it where it was). `first_block_untimed`: the loop's first block is waited for and left
-  out of its timed steps (a run's first, which compiles; `studies.shadow_overhead`'s windows time every block)."""
-  recovery, log = recovery or _NoRecovery(), log or _NoLog()
-  delay = delay or straggler.Straggler(1.0, 0, 1)
-  first_step, paused_at_start = loop.step, blocks.paused_s
-  timed_start = None if first_block_untimed else time.perf_counter()
+) -> Timing:
+  """The training loop (docs/design.md §13): blocks from `b.step` to `until`, moving `b` on as it goes (an error
+  leaves it where it was). At each boundary the hooks act in order: `hooks_before`, the sync driver (`b.driver`,
+  which a hook may replace), `hooks_after` (`hooks` module); before a block, the driver first. The loop's clock:
+  `b.waited`, `b.paused_s`, and `b.work_s` (what `hooks_after` took at the last boundary). `first_block_untimed`:
+  the loop's first block is waited for and left out of its timing (a run's first compiles;
+  `studies.shadow_overhead`'s windows time every block)."""
+  paused_at_start = blocks.paused_s
+  timed_start, timed_steps, first_done_at = None if first_block_untimed else time.perf_counter(), 0, None
+
+  def every_hook() -> list[Any]:
+    return [*hooks_before, b.driver, *hooks_after]
 
   def hooks_due(at: int) -> list[int | None]:
-    return [until, loop.driver.next_due(at), recovery.next_due(at), log.next_due(at), delay.next_due(at, first_step)]
+    return [until, *(hook.next_due(at) for hook in every_hook())]
 
-  while loop.step < until:
-    paused_before, step = blocks.paused_s, loop.step
-    loop.state = loop.driver.before_block(step, loop.state)  # Rounds due here, on the params the block starts from.
-    loop.state, metrics, block, steps = blocks.dispatch(loop.state, step, hooks_due, rounds=loop.driver)
-    trained = step  # The block before this one is done (`dispatch` keeps one in flight).
-    loop.step = step = step + steps
+  while b.step < until:
+    paused_before = blocks.paused_s
+    b.steps = blocks.next_block(b.step, hooks_due)
+    # The driver's first (a round's snapshot leaves before a straggler's sleep), then the others' (that sleep).
+    for hook in [b.driver, *hooks_before, *hooks_after]:
+      hook.before_block(b)
+    b.state, b.metrics, b.block = blocks.dispatch(b.state, b.step, b.steps, hooks_due, rounds=b.driver)
+    b.trained, b.step = b.step, b.step + b.steps  # The block before this one is done (one stays in flight).
     # Blocks the loop waits for before their boundary (none is left in flight): the first (it compiles), 'auto''s
-    # probes, a straggler's (stretched), and one whose last step recovery must find trained (a kill there).
+    # probes, and those a hook asks for (a straggler's, stretched; one whose last step recovery must find trained).
     first = timed_start is None
-    waited = first or blocks.waited or delay.waits_for_blocks or recovery.waits_for(step)
-    if waited:
-      jax.block_until_ready(metrics)
-      trained = step
+    b.waited = first or blocks.waited or any(hook.waits_for(b) for hook in every_hook())
+    if b.waited:
+      jax.block_until_ready(b.metrics)
+      b.trained = b.step
     if first:  # Examples/sec counts from the end of the first block.
-      timed_start, loop.first_block_done_at = time.perf_counter(), time.time()
+      timed_start, first_done_at = time.perf_counter(), time.time()
     else:
-      loop.timed_steps += steps
-    delay.after_block(metrics, steps)
-    # Shadow paces time the blocks that ended since the last boundary, less a compile of 'auto''s K.
-    loop.state = loop.driver.at_boundary(step, loop.state, steps, waited, blocks.paused_s - paused_before)
-    loop_work_start = time.perf_counter()
-    log.at_boundary(step, loop.state, steps, metrics, loop.driver)
-    if progress_line is not None:
-      progress_line.update(step)
-    # Checkpoints due here; failures (emulated), a lost peer (real: saves what survives and exits here).
-    loop.state, loop.driver, rewind_to = recovery.at_boundary(step, loop.state, steps, block, loop.driver, trained)
-    loop.driver.loop_work(time.perf_counter() - loop_work_start)  # A shadow pace leaves a block with a save out.
-    if rewind_to is not None:  # Full recovery: the data restarts at the restored checkpoint.
-      loop.step = rewind_to
-  log.flush()
-  jax.block_until_ready(loop.state)
-  if timed_start is not None:
-    loop.timed_s += time.perf_counter() - timed_start - (blocks.paused_s - paused_at_start)
+      timed_steps += b.steps
+    b.paused_s = blocks.paused_s - paused_before
+    b.rewind_to = None
+    for hook in hooks_before:
+      hook.at_boundary(b)
+    b.driver.at_boundary(b)  # Shadow paces time the blocks that ended since the last boundary.
+    work_start = time.perf_counter()
+    for hook in hooks_after:
+      hook.at_boundary(b)
+    b.work_s = time.perf_counter() - work_start  # A shadow pace leaves the next interval out if it held a save.
+    if b.rewind_to is not None:  # Full recovery: the data restarts at the restored checkpoint.
+      b.step = b.rewind_to
+  for hook in every_hook():
+    hook.end(b)
+  jax.block_until_ready(b.state)
+  seconds = 0.0 if timed_start is None else time.perf_counter() - timed_start - (blocks.paused_s - paused_at_start)
+  return Timing(timed_steps, seconds, first_done_at)
 
 
 def train_and_evaluate(
@@ -536,13 +515,15 @@ def train_and_evaluate(
   workdir: str | pathlib.Path,
   started_at: float | None = None,
   make_block: Callable[..., Any] | None = None,
+  extra_hooks: Sequence[hooks.Hook] = (),
 ) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming if it holds a checkpoint); returns the summary written to summary.json.
 
   `started_at` (`time.time()`): when the caller's program started, from which the summary's `startup_s` counts;
   default: the process's creation (a shell that `exec`s the binary after work of its own created it, so a binary
   notes its own start). `make_block`: a study's block program in place of `make_train_block` (`BlockDispatcher`;
-  `studies.loop` times the loop around one that does no work).
+  `studies.loop` times the loop around one that does no work). `extra_hooks`: hooks of the loop's own (`hooks`),
+  acting at each boundary after the run's (the sync driver, the metric log, the progress line, recovery).
 
   When `config.train.stop_at_step` stops the run early, returns {'stopped_at_step': step} and writes no summary.
   """
@@ -577,13 +558,12 @@ def train_and_evaluate(
 
   state, sync_state, start_step = recovery.resume(checkpointing.FreshState(fresh_state, meshes))
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
-  delay = straggler.from_config(config, process_index)
+  delay = straggler.from_config(config, process_index, first_step=start_step)
   blocks = BlockDispatcher(
     config,
     meshes,
     train_source,
     stop_step,
-    delay,
     between=driver.between_steps(),
     steps_per_dispatch=steps_per_dispatch,
     chosen=functools.partial(recovery_policies.note_steps_per_dispatch, workdir),
@@ -597,19 +577,20 @@ def train_and_evaluate(
   recovery.start(start_step, state, sync_state)
   log.prepare(state.params, start_step, stop_step)
 
-  loop = Loop(state, start_step, driver)
+  b = hooks.Boundary(start_step, state, driver)
   try:  # This process's own pace is timed here: its wait below for slower processes is not part of it.
-    run_blocks(loop, stop_step, blocks, recovery, log, delay, progress_line)
+    after = [log, progress_line, recovery, *extra_hooks]
+    timing = run_blocks(b, stop_step, blocks, hooks_before=[delay], hooks_after=after)
   except BaseException as error:
-    recovery.on_error(error, loop.step, loop.state, loop.driver)  # A collective that lost its partner: save, exit.
-    loop.driver.finish(loop.state, abandon=True)
+    recovery.on_error(error, b.step, b.state, b.driver)  # A collective that lost its partner: save and exit there.
+    b.driver.finish(b.state, abandon=True)
     raise
   finally:
     blocks.close()
-  state, step, driver, timed_steps, timed_seconds = loop.state, loop.step, loop.driver, loop.timed_steps, loop.timed_s
+  state, step, driver, timed_steps, timed_seconds = b.state, b.step, b.driver, timing.steps, timing.seconds
   startup_s = None
-  if loop.first_block_done_at is not None:  # From the program's start: imports, init, compile, the first block.
-    startup_s = loop.first_block_done_at - (psutil.Process().create_time() if started_at is None else started_at)
+  if timing.first_block_done_at is not None:  # From the program's start: imports, init, compile, the first block.
+    startup_s = timing.first_block_done_at - (psutil.Process().create_time() if started_at is None else started_at)
   distributed.report(step, 'finish')  # It may wait long below for slower processes: no peer takes it for hung.
   state = driver.finish(state)  # Shadow rounds end together on every process: cross-process calls are safe below.
   distributed.wait_for_every_process('trained')  # Without rounds, a fast process may be far ahead of a slow one.

@@ -340,10 +340,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
           warm, segment_start = True, time.perf_counter()
           delay.restart()  # The wait for the servers' compilation is not a step: a straggler does not multiply it.
         batch = next(batches)
-        delay.before_block(1)  # A straggler sleeps before its step.
+        delay.sleep_before(1)  # A straggler sleeps before its step.
         results = gradient_fn(params, batch)
         jax.block_until_ready(results)  # A worker computes one gradient at a time: it pulls again after pushing.
-        delay.after_block(results[0], 1)  # One step a dispatch: a worker pulls after every push.
+        delay.time_block(results[0], 1)  # One step a dispatch: a worker pulls after every push.
         exchange.push(StepGradients(token, step, fails_RxK[workers.start : workers.stop, step], *results))
         step += 1
         if warm:

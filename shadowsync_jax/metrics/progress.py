@@ -19,6 +19,8 @@ import collections
 from collections.abc import Callable
 import time
 
+from shadowsync_jax import hooks
+
 
 def format_duration(seconds: float) -> str:
   """`H:MM:SS`, hours unbounded (`27:03:09`), rounded to the second."""
@@ -28,8 +30,9 @@ def format_duration(seconds: float) -> str:
   return f'{hours}:{minutes:02d}:{secs:02d}'
 
 
-class ProgressLine:
-  """Throttled progress printing for a loop of `total_steps` steps of `examples_per_step` examples each."""
+class ProgressLine(hooks.Hook):
+  """Throttled progress printing for a loop of `total_steps` steps of `examples_per_step` examples each; as a hook
+  of the training loop, `update` at every boundary."""
 
   def __init__(
     self,
@@ -67,6 +70,9 @@ class ProgressLine:
     self._window.append(self._last_mark)
     self._last_print_time = now
     self._print_fn(self._line(now, step, _rate(self._window[0], self._last_mark, self._examples_per_step)))
+
+  def at_boundary(self, b: hooks.Boundary) -> None:
+    self.update(b.step)
 
   @property
   def examples_per_sec(self) -> float | None:

@@ -2,15 +2,16 @@
 
   delay = straggler.from_config(config, process_index)   # Straggler(slowdown, warmup_steps, calibration_steps)
   for block in ...:
-    delay.before_block(n)                           # once calibrated: sleeps first, what the block will not take
+    delay.sleep_before(n)                           # once calibrated: sleeps first, what the block will not take
     state, metrics = train_block(state, block)      # n steps in one dispatch (one, for gba's workers)
-    delay.after_block(metrics, n)                   # waits for them and times them
+    delay.time_block(metrics, n)                    # waits for them and times them
+  (as a hook of the training loop: `before_block`, `waits_for`, `at_boundary`, `next_due`)
   delay.restart()                  # after a wait that is no step (another process compiling): not timed
 
 Its own step time is measured before it is slowed, while every process runs at the same pace: its mean step time over
 `calibration_steps` steps, after the first (which compiles) and `warmup_steps` more (the first steps of a job run slower
 than its steady ones: caches fill, peers finish compiling; timing them set a "2x" straggler's period 2.4x the job's
-steady step under sync_sgd). A block of n steps is timed from the end of the previous `after_block` to the moment its
+steady step under sync_sgd). A block of n steps is timed from the end of the previous `time_block` to the moment its
 results are ready, each of its steps a 1/n share (data, dispatch, compute and the steps' collectives: everything the
 loop does per step), and the mean, not the median, is what a pace is (examples/sec is steps over their summed time).
 
@@ -39,14 +40,17 @@ from typing import Any
 
 import jax
 
+from shadowsync_jax import hooks
 from shadowsync_jax.parallel import replicas
 
 
-class Straggler:
+class Straggler(hooks.Hook):
   """Sleeps before each block so that the process's steps last `slowdown` times its own step time (1.0: no delay,
-  no waiting)."""
+  no waiting); a hook of the training loop (`hooks`), or called by a loop of its own (`sleep_before`, `time_block`:
+  the parameter server's workers)."""
 
-  def __init__(self, slowdown: float, warmup_steps: int, calibration_steps: int):
+  def __init__(self, slowdown: float, warmup_steps: int, calibration_steps: int, first_step: int = 0):
+    """`first_step`: the run's first step (its calibration ends a number of steps after it)."""
     if slowdown < 1:
       raise ValueError(f'slowdown={slowdown} must be >= 1.')
     if warmup_steps < 0:
@@ -54,6 +58,7 @@ class Straggler:
     if calibration_steps < 1:
       raise ValueError(f'calibration_steps={calibration_steps} must be >= 1.')
     self.slowdown = slowdown
+    self._first_step = first_step
     self.slept_s = 0.0
     self.own_step_s: float | None = None  # The mean calibrated step time, once measured.
     self.slowed_steps = 0
@@ -63,7 +68,7 @@ class Straggler:
     self._steps_seen = 0  # Timed steps (the compiling first one is not), warm-up included.
     self._step_times: list[float] = []
     self._last_end: float | None = None
-    self._woke: float | None = None  # When `before_block` last finished sleeping (None: no slowed block pending).
+    self._woke: float | None = None  # When `sleep_before` last finished sleeping (None: no slowed block pending).
     self._run_s, self._run_steps = 0.0, 0  # The slowed blocks' runs (from the sleep's end to ready), summed.
     self._owed_s = 0.0  # What the slowed blocks so far fell short of their periods (< 0: ran over; by one at most).
 
@@ -76,10 +81,19 @@ class Straggler:
 
   @property
   def waits_for_blocks(self) -> bool:
-    """Whether `after_block` waits for the block it is given (to stretch it): then none is left in flight."""
+    """Whether `time_block` waits for the block it is given (to stretch it): then none is left in flight."""
     return self.slowdown != 1
 
-  def before_block(self, steps: int) -> None:
+  def before_block(self, b: hooks.Boundary) -> None:
+    self.sleep_before(b.steps)
+
+  def waits_for(self, b: hooks.Boundary) -> bool:
+    return self.waits_for_blocks
+
+  def at_boundary(self, b: hooks.Boundary) -> None:
+    self.time_block(b.metrics, b.steps)
+
+  def sleep_before(self, steps: int) -> None:
     """Before a dispatch of `steps` steps: once calibrated, sleeps what of their period (`steps` x `slowdown` x its
     own step) the loop's work since the last block and the block's expected run will not fill, and what the blocks
     before fell short of theirs."""
@@ -92,7 +106,7 @@ class Straggler:
     self.slept_s += delay
     self._woke = time.perf_counter()
 
-  def after_block(self, block_result: Any, steps: int) -> None:
+  def time_block(self, block_result: Any, steps: int) -> None:
     """After a dispatch of `steps` steps: waits for them; times them (the loop plans blocks that end where
     calibration does)."""
     if not self.waits_for_blocks:
@@ -120,12 +134,11 @@ class Straggler:
     self._woke = None
     self._last_end = now
 
-  def next_due(self, step: int, first_step: int) -> int | None:
-    """Where its calibration ends (the loop ends a block there), for a run whose first step is `first_step`; None
-    once calibrated or without a slowdown."""
+  def next_due(self, step: int) -> int | None:
+    """Where its calibration ends (the loop ends a block there); None once calibrated or without a slowdown."""
     if self.slowdown == 1 or self.own_step_s is not None:
       return None
-    due = first_step + 1 + self._warmup_steps + self._calibration_steps
+    due = self._first_step + 1 + self._warmup_steps + self._calibration_steps
     return due if due > step else None
 
   def restart(self) -> None:
@@ -135,11 +148,12 @@ class Straggler:
     self._woke = None
 
 
-def from_config(config: Any, process_index: int) -> Straggler:
-  """The `straggler` section's delay for this process: slowed if it is `straggler.process`, else never waiting."""
+def from_config(config: Any, process_index: int, first_step: int = 0) -> Straggler:
+  """The `straggler` section's delay for this process: slowed if it is `straggler.process`, else never waiting;
+  for a run from `first_step`."""
   section = config.straggler
   slowdown = section.slowdown if section.process == process_index else 1.0
-  return Straggler(slowdown, section.warmup_steps, section.calibration_steps)
+  return Straggler(slowdown, section.warmup_steps, section.calibration_steps, first_step)
 
 
 def summary(delay: Straggler, straggler_process: int) -> dict[str, float | None]:

@@ -4,14 +4,9 @@
   state_L, sync_state_R, start_step = recovery.resume(fresh)   # the newest checkpoint, if any (`FreshState`)
   recovery.start(start_step, state_L, sync_state_R)       # the initial checkpoint the first failures reload
   for block in ...:                                       # n steps a dispatch, ending where `next_due` says
-    state_L = driver.before_block(step, state_L)
-    state_L, _ = train_block(state_L, block_L)
-    step += n
-    state_L = driver.at_boundary(step, state_L, n)
-    state_L, driver, rewind_to = recovery.at_boundary(step, state_L, n, block, driver)  # every block waited for
-    if rewind_to is not None:                              # full recovery: the data goes back to the checkpoint
-      step = rewind_to
-    recovery.next_due(step)                                # the next failure, save or priority save
+    ...                                                   # the loop's boundary b (`hooks.Boundary`), every block
+    recovery.at_boundary(b)                               #   waited for; a full recovery sets b.state, b.driver
+    recovery.next_due(step)                               #   and b.rewind_to (the data goes back to there)
   recovery.finish(step, state_L, sync_state_R)            # the final save
   recovery.summary()    # recovery_overhead_pct, num_failures, estimated_pls, actual_pls, checkpoint_interval_steps
 
@@ -63,6 +58,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from shadowsync_jax import hooks
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
@@ -102,7 +98,7 @@ class Account:
     return self.saves_s + self.priority_saves_s + self.retrained_s + self.restore_s + self.counting_s
 
 
-class EmulatedFailures:
+class EmulatedFailures(hooks.Hook):
   """Failures on a seeded schedule and their recovery (`full`, `partial`, `cpr_mfu`, `cpr_ssu`, `cpr`) in one
   process."""
 
@@ -219,7 +215,7 @@ class EmulatedFailures:
   # save, the next interval came out short, the mean step too low, the save cost in steps too high and Young's
   # interval too short, so saves came more often and hid more steps (full recovery at 21-30 steps, not 127-141,
   # and 0.41 ms a step against 3.7 in one run of benchmarks.recovery at 8600ece).
-  def waits_for(self, step: int) -> bool:
+  def waits_for(self, b: hooks.Boundary) -> bool:
     return True
 
   def next_due(self, step: int) -> int | None:
@@ -233,15 +229,14 @@ class EmulatedFailures:
     dues += [_next_multiple(step, self._interval), _next_multiple(step, self._priority_interval())]
     return min((due for due in dues if due is not None), default=None)
 
-  def at_boundary(
-    self, step: int, state_L: Any, steps: int, block: Batch, driver: Any, trained: int | None = None
-  ) -> tuple[Any, Any, int | None]:
-    """After a block of `steps` data steps that ended at `step` (`block`: its batches [R, K, B, ...], the first
-    `steps` of them trained): failures that struck it, then a checkpoint due here.
+  def at_boundary(self, b: hooks.Boundary) -> None:
+    """After a block of `b.steps` data steps that ended at `b.step` (`b.block`: its batches [R, K, B, ...], the
+    first `b.steps` of them trained): failures that struck it, then a checkpoint due here; a full recovery sets
+    `b.state` to the restored state, `b.driver` to the restarted driver and `b.rewind_to` to the step of the
+    checkpoint the data must restart from."""
+    b.state, b.driver, b.rewind_to = self._at_boundary(b.step, b.state, b.steps, b.block, b.driver)
 
-    Returns (state, sync driver, None) or, after a full recovery, (restored state, restarted driver, the step of
-    the checkpoint the data must restart from).
-    """
+  def _at_boundary(self, step: int, state_L: Any, steps: int, block: Batch, driver: Any) -> tuple[Any, Any, int | None]:
     self._time_block(step, steps, time.perf_counter() - self._last_mark)
     first_executed, self._executed = self._executed + 1, self._executed + steps
     sparse = block.sparse[:, :steps]

@@ -4,8 +4,8 @@
   state_L, sync_state_R, step = recovery.resume(fresh)      # fresh() -> (state_L, sync_state_R): built only if needed
   recovery.start(step, state_L, sync_state_R)
   for ...:                                                  # the training loop (train.py), a block at a time
-    state_L, driver, rewind_to = recovery.at_boundary(step, state_L, n, block, driver, trained)
-    recovery.next_due(step)                                 # where the loop ends the next block
+    recovery.at_boundary(b)                                 # b: `hooks.Boundary` (a full recovery sets b.state,
+    recovery.next_due(step)                                 #   b.driver, b.rewind_to); where the next block ends
   recovery.finish(step, state_L, driver.sync_state())
   recovery.summary()
 
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import jax
 import ml_collections
 
-from shadowsync_jax.data.batch import Batch
+from shadowsync_jax import hooks
 from shadowsync_jax.parallel import control
 from shadowsync_jax.parallel import history
 from shadowsync_jax.parallel import replicas
@@ -33,21 +33,20 @@ PyTree = Any
 
 
 class RecoveryPolicy(Protocol):
-  """What the training loop calls (module docstring)."""
+  """What the training loop calls (module docstring): a hook of the loop (`hooks.Hook`), and the run's start and
+  end."""
 
   def resume(self, fresh: checkpointing.FreshState) -> tuple[Any, PyTree, int]: ...
 
   def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None: ...
 
-  def waits_for(self, step: int) -> bool:
-    """Whether the block that ends at `step` must be done before its boundary's work (the loop waits for it)."""
+  def waits_for(self, b: hooks.Boundary) -> bool:
+    """Whether the block that ends at `b.step` must be done before its boundary's work (the loop waits for it)."""
 
   def next_due(self, step: int) -> int | None: ...
 
-  def at_boundary(
-    self, step: int, state_L: Any, steps: int, block: Batch, driver: Any, trained: int | None = None
-  ) -> tuple[Any, Any, int | None]:
-    """`trained`: the last step known trained (`step` where the loop waited for the block, else the boundary
+  def at_boundary(self, b: hooks.Boundary) -> None:
+    """`b.trained`: the last step known trained (`b.step` where the loop waited for the block, else the boundary
     before: one block stays in flight)."""
 
   def on_error(self, error: BaseException, step: int, state_L: Any, driver: Any) -> None: ...

@@ -5,8 +5,8 @@
   recovery.start(step, state_L, sync_state_R)
   for ...:
     ...
-    state_L, driver, _ = recovery.at_boundary(step, state_L, n, block, driver)   # saves; a lost peer: save, exit
-    recovery.next_due(step)                                 # a save, the calibration's end, a kill: a block ends there
+    recovery.at_boundary(b)                # b: the loop's `hooks.Boundary`; saves; a lost peer: save, exit
+    recovery.next_due(step)                # a save, the calibration's end, a kill: a block ends there
   recovery.finish(step, state_L, driver.sync_state())                       # the final save
   recovery.summary()
 
@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from shadowsync_jax import hooks
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.model import table_placement
 from shadowsync_jax.parallel import compilation_cache
@@ -91,7 +92,7 @@ class UnrecoverableError(RuntimeError):
   """What this process's restart needs is gone: a checkpoint the job wrote is missing, or cannot be read."""
 
 
-class RealFailures:
+class RealFailures(hooks.Hook):
   """Checkpoints, the restart plan and the exit on a lost peer, for one process of a job (any number of them)."""
 
   def __init__(
@@ -241,7 +242,10 @@ class RealFailures:
 
   # The loop.
 
-  def waits_for(self, step: int) -> bool:
+  def waits_for(self, b: hooks.Boundary) -> bool:
+    return self._waits_for_step(b.step)
+
+  def _waits_for_step(self, step: int) -> bool:
     """Whether the block that ends at `step` must be done before its boundary: the one the launcher kills at (it
     tells the launcher it got there, and a kill must find that step trained). Elsewhere one block stays in flight, as
     in one process, and the steps reported (to the peers, the launcher and the restart plan) are the trained ones, a
@@ -266,16 +270,16 @@ class RealFailures:
       dues.append((step // every + 1) * every)
     return min((due for due in dues if due is not None and due > step), default=None)
 
-  def at_boundary(
-    self, step: int, state_L: Any, steps: int, block: Batch, driver: Any, trained: int | None = None
-  ) -> tuple[Any, Any, None]:
-    """After a block of `steps` data steps that ends at `step` (`block`: its batches [L, K, B, ...]; `trained`: the
-    last step known trained, `step` if the loop waited for the block): a lost peer ends the process here (after
-    saving the live state); otherwise the checkpoint and priority save due, and a kill the launcher was asked
-    for."""
-    trained = step if trained is None else trained
+  def at_boundary(self, b: hooks.Boundary) -> None:
+    """After a block of `b.steps` data steps that ends at `b.step` (`b.block`: its batches [L, K, B, ...];
+    `b.trained`: the last step known trained, `b.step` if the loop waited for the block): a lost peer ends the
+    process here (after saving the live state); otherwise the checkpoint and priority save due, and a kill the
+    launcher was asked for."""
+    self._at_boundary(b.step, b.state, b.steps, b.block, b.driver, b.trained)
+
+  def _at_boundary(self, step: int, state_L: Any, steps: int, block: Batch, driver: Any, trained: int) -> None:
     self._stop_if_a_peer_is_lost(step, state_L, driver)
-    if self.waits_for(step):  # The loop has waited for it already; a safeguard here.
+    if self._waits_for_step(step):  # The loop has waited for it already; a safeguard here.
       jax.block_until_ready(state_L.step)
       trained = step
     if self._timing is None:
@@ -321,7 +325,6 @@ class RealFailures:
     self._control.step(trained)
     self._control.reached(trained, stop_waiting=lambda: distributed.peer_lost() is not None)
     self._stop_if_a_peer_is_lost(step, state_L, driver)  # Lost while it waited for its kill: a survivor after all.
-    return state_L, driver, None
 
   def on_error(self, error: BaseException, step: int, state_L: Any, driver: Any) -> None:
     """An exception in the loop: if it is a collective that lost its partner, save what survives and exit (never

@@ -37,6 +37,7 @@ import ml_collections
 import numpy as np
 
 from shadowsync_jax import config as config_lib
+from shadowsync_jax import hooks
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.parallel import replicas
@@ -56,10 +57,10 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
   driver's stats, with sync_rounds and mean_sync_gap over the windows with the rounds, and windows_with_a_round
   (the windows with the rounds whose first one was due inside them).
   """
-  if config.sync.algorithm not in config_lib.SHADOW_ALGORITHMS:
+  if config.sync.algorithm not in config_lib.shadow_algorithms():
     raise ValueError(
       f'sync.algorithm={config.sync.algorithm!r}: the overhead is that of shadow rounds, '
-      f'one of {", ".join(config_lib.SHADOW_ALGORITHMS)}.'
+      f'one of {", ".join(config_lib.shadow_algorithms())}.'
     )
   if jax.process_count() != 1:
     raise ValueError('shadow_overhead.measure runs in one process.')
@@ -250,9 +251,9 @@ class _Loop:
   def run(self, state, step: int, steps: int) -> tuple[Any, int, float]:
     """`steps` steps from `step`, every block timed; returns (state, step, their examples/sec)."""
     start = time.perf_counter()
-    loop = train.Loop(state, step, self._driver)
-    train.run_blocks(loop, step + steps, self._blocks, first_block_untimed=False)
-    return loop.state, loop.step, steps * self._examples_per_step / (time.perf_counter() - start)
+    b = hooks.Boundary(step, state, self._driver)
+    train.run_blocks(b, step + steps, self._blocks, first_block_untimed=False)
+    return b.state, b.step, steps * self._examples_per_step / (time.perf_counter() - start)
 
   def close(self) -> None:
     self._blocks.close()

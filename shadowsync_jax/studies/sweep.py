@@ -88,10 +88,10 @@ def grid(replicas: Sequence[int], algorithms: Sequence[str]) -> list[Cell]:
   replicas, algorithms = sorted(set(int(r) for r in replicas)), list(dict.fromkeys(algorithms))
   if not replicas or replicas[0] < 1:
     raise SweepError(f'replica counts must be positive; got {replicas}.')
-  unknown = [a for a in algorithms if a not in config_lib.SYNC_ALGORITHMS]
+  unknown = [a for a in algorithms if a not in config_lib.sync_algorithms()]
   if not algorithms or unknown:
     raise SweepError(
-      f'unknown algorithms {unknown or algorithms}; choose from {", ".join(config_lib.SYNC_ALGORITHMS)}.'
+      f'unknown algorithms {unknown or algorithms}; choose from {", ".join(config_lib.sync_algorithms())}.'
     )
   return [Cell(r, a) for r in replicas for a in (['none'] if r == 1 else algorithms)]
 

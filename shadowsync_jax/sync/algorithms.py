@@ -35,8 +35,6 @@ from shadowsync_jax.parallel import replicas
 
 PyTree = Any
 
-NAMES = ('ma', 'ea', 'bmuf')
-
 
 class SyncAlgorithm(NamedTuple):
   """A pure pair: `init(params) -> sync_state` and `sync(params, sync_state) -> (params, sync_state)`; and
@@ -240,6 +238,58 @@ def default_elastic_alpha(num_replicas: int) -> float:
   return 0.9 / (num_replicas + 1)
 
 
+class Settings(NamedTuple):
+  """What the config says of a round (`sync` section), for building an algorithm (`register`)."""
+
+  axis_name: str
+  num_replicas: int
+  elastic_alpha: float  # < 0: the default, `default_elastic_alpha`.
+  block_momentum: float  # < 0: the default, 1 - 1/R.
+  block_lr: float
+  nesterov: bool = False
+
+
+def _elastic_averaging(settings: Settings) -> SyncAlgorithm:
+  alpha, num_replicas = settings.elastic_alpha, settings.num_replicas
+  if alpha < 0:
+    alpha = default_elastic_alpha(num_replicas)
+  if not 0 < alpha * num_replicas < 1:
+    raise ValueError(f'elastic_alpha * num_replicas = {alpha} * {num_replicas} must be in (0, 1).')
+  return elastic_averaging(settings.axis_name, alpha, num_replicas)
+
+
+def _bmuf(settings: Settings) -> SyncAlgorithm:
+  block_momentum = settings.block_momentum
+  if block_momentum < 0:
+    block_momentum = 1.0 - 1.0 / settings.num_replicas
+  if block_momentum >= 1:
+    raise ValueError(f'block_momentum={block_momentum} must be < 1 (negative = 1 - 1/R).')
+  if settings.block_lr <= 0:
+    raise ValueError(f'block_lr={settings.block_lr} must be > 0.')
+  return bmuf(settings.axis_name, block_momentum, settings.block_lr, settings.nesterov)
+
+
+_BUILDERS: dict[str, Callable[[Settings], SyncAlgorithm]] = {
+  'ma': lambda settings: model_averaging(settings.axis_name),
+  'ea': _elastic_averaging,
+  'bmuf': _bmuf,
+}
+
+
+def register(name: str, build: Callable[[Settings], SyncAlgorithm]) -> None:
+  """Adds the algorithm `name`: the config's `sync.algorithm` then takes `fr_<name>` (a round every k steps) and,
+  where `build` gives the two-phase form (`contribution`, `finish`), `shadow_<name>` (docs/architecture.md, "Add
+  your own"). `build(settings)` returns its `SyncAlgorithm`, its collectives over `settings.axis_name`."""
+  if not name.isidentifier() or name in _BUILDERS:
+    raise ValueError(f'sync algorithm name {name!r} is taken or not an identifier.')
+  _BUILDERS[name] = build
+
+
+def names() -> tuple[str, ...]:
+  """The algorithms rounds can run ('ma', 'ea', 'bmuf', and any `register`ed)."""
+  return tuple(_BUILDERS)
+
+
 def make(
   name: str,
   axis_name: str,
@@ -249,25 +299,11 @@ def make(
   block_lr: float,
   nesterov: bool = False,
 ) -> SyncAlgorithm:
-  """The algorithm called `name` ('ma', 'ea' or 'bmuf'); `elastic_alpha < 0` means the default `0.9 / (R + 1)`
-  (`default_elastic_alpha`), `block_momentum < 0` the default `1 - 1/R`."""
-  if name == 'ma':
-    return model_averaging(axis_name)
-  if name == 'ea':
-    if elastic_alpha < 0:
-      elastic_alpha = default_elastic_alpha(num_replicas)
-    if not 0 < elastic_alpha * num_replicas < 1:
-      raise ValueError(f'elastic_alpha * num_replicas = {elastic_alpha} * {num_replicas} must be in (0, 1).')
-    return elastic_averaging(axis_name, elastic_alpha, num_replicas)
-  if name == 'bmuf':
-    if block_momentum < 0:
-      block_momentum = 1.0 - 1.0 / num_replicas
-    if block_momentum >= 1:
-      raise ValueError(f'block_momentum={block_momentum} must be < 1 (negative = 1 - 1/R).')
-    if block_lr <= 0:
-      raise ValueError(f'block_lr={block_lr} must be > 0.')
-    return bmuf(axis_name, block_momentum, block_lr, nesterov)
-  raise ValueError(f'Unknown sync algorithm {name!r}; known: {", ".join(NAMES)}.')
+  """The algorithm called `name` ('ma', 'ea', 'bmuf', or one `register`ed); `elastic_alpha < 0` means the default
+  `0.9 / (R + 1)` (`default_elastic_alpha`), `block_momentum < 0` the default `1 - 1/R`."""
+  if name not in _BUILDERS:
+    raise ValueError(f'Unknown sync algorithm {name!r}; known: {", ".join(_BUILDERS)}.')
+  return _BUILDERS[name](Settings(axis_name, num_replicas, elastic_alpha, block_momentum, block_lr, nesterov))
 
 
 def stacked(

@@ -4,12 +4,11 @@
   sync_state_R = driver.initial_sync_state(state_L)  # EA center, BMUF global model and momentum; None if no rounds
   driver.start(state_L, sync_state_R)          # or a sync state restored from a checkpoint
   for block in ...:                           # blocks of steps, one dispatch each (docs/design.md §13)
-    state_L = driver.before_block(step, state_L)  # rounds and merges due here, before the block on these params
-    state_L, _ = train_block(state_L, block_L)  # with `driver.between_steps()` fused in, if it has rounds there
-    driver.at_boundary(step + n, state_L, n)     # bookkeeping: the blocks' times
     driver.next_due(step)                       # the next step it must act at (the loop ends a block there), or None
-    ... metric writes, saves ...
-    driver.loop_work(seconds)                   # what they took: shadow leaves a step with a save out of its pace
+    driver.before_block(b)                      # rounds and merges due here, on b.state, before the block
+    state_L, _ = train_block(state_L, block_L)  # with `driver.between_steps()` fused in, if it has rounds there
+    driver.at_boundary(b)                       # a foreground round due; the blocks' times (b.work_s: the
+    ... metric writes, saves ...                #   loop's work at the boundary before, left out of a pace)
   state_L = driver.finish(state_L)             # ends the rounds (shadow: the round in flight lands, no later one)
   rule = driver.consensus_rule()               # the model to evaluate (docs/design.md §3), read where it lives
   driver.stats()                               # sync_rounds, mean/max sync gap, mean round latency; shadow: the pace
@@ -28,6 +27,7 @@ from typing import Any, Protocol
 
 import ml_collections
 
+from shadowsync_jax import hooks
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
 from shadowsync_jax.sync import consensus
@@ -40,7 +40,9 @@ PyTree = Any
 
 
 class SyncDriver(Protocol):
-  """What the training loop calls at its step boundaries (module docstring); every driver of this package has it."""
+  """What the training loop calls at its step boundaries (module docstring): a hook of the loop (`hooks.Hook`:
+  `next_due`, `before_block`, `waits_for`, `at_boundary`, `end`), and what a run asks of its rounds; every driver
+  of this package has it."""
 
   def initial_sync_state(self, state_L: Any) -> PyTree | None: ...
 
@@ -63,22 +65,19 @@ class SyncDriver(Protocol):
     a block's step k (`replicas.make_replicated_block`), or None. With one, the loop asks `block_carry(step, steps)`
     for each block's carry and hands the block's back to `after_block(carry)`."""
 
-  def before_block(self, step: int, state_L: Any) -> Any:
-    """At the boundary `state_L` is at (`step`), right before the loop dispatches the next block: the device work due
-    there (rounds, merges, hand-overs); returns the train state. Work on the live params goes here, not after the
-    next block is dispatched: a program whose inputs are not ready yet holds the thread that dispatches it until
-    they are (XLA:CPU, for programs over several devices), so dispatched behind the next block it held the loop
-    until that block was done, and the devices idle through the loop's own work at the boundary."""
+  def before_block(self, b: hooks.Boundary) -> None:
+    """At the boundary `b.state` is at (`b.step`), right before the loop dispatches the next block: the device work
+    due there (rounds, merges, hand-overs), on `b.state`. Work on the live params goes here, not after the next
+    block is dispatched: a program whose inputs are not ready yet holds the thread that dispatches it until they
+    are (XLA:CPU, for programs over several devices), so dispatched behind the next block it held the loop until
+    that block was done, and the devices idle through the loop's own work at the boundary."""
 
-  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
-    """After dispatching a block of `steps` steps that ends at `step`: bookkeeping (the blocks' times); returns the
-    train state. `waited`: the loop waited for this block before the boundary (it keeps one in flight otherwise);
-    `paused_s`: seconds since the last boundary that were no training (compiling the programs of the K 'auto'
-    chose): for drivers that time the blocks."""
-
-  def loop_work(self, seconds: float) -> None:
-    """The loop spent `seconds` on work of its own after the last `at_boundary` (metric writes, saves): a driver
-    that times the blocks may leave the interval to the next boundary out."""
+  def at_boundary(self, b: hooks.Boundary) -> None:
+    """After dispatching a block of `b.steps` steps that ends at `b.step`: a foreground round due there, on
+    `b.state`; bookkeeping (the blocks' times: `b.waited`, the loop waited for this block before the boundary, it
+    keeps one in flight otherwise; `b.paused_s`, seconds since the last boundary that were no training; `b.work_s`,
+    the loop's own work at the last boundary after the driver's, metric writes and saves: for drivers that time
+    the blocks)."""
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds (`abandon`: at once, the run is failing) and returns the final train state."""
@@ -129,7 +128,7 @@ def make_driver(
   raise ValueError(f'sync.algorithm={sync.algorithm!r} has no driver.')
 
 
-class RestartedSync:
+class RestartedSync(hooks.Hook):
   """A sync driver restarted (by full recovery, from a checkpoint's sync state): delegates to the new driver; its
   stats count every driver's rounds (the mean gap and latency weighted by rounds)."""
 
@@ -163,14 +162,17 @@ class RestartedSync:
   def after_block(self, carry: Any) -> None:
     self._driver.after_block(carry)
 
-  def before_block(self, step: int, state_L: Any) -> Any:
-    return self._driver.before_block(step, state_L)
+  def before_block(self, b: hooks.Boundary) -> None:
+    self._driver.before_block(b)
 
-  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
-    return self._driver.at_boundary(step, state_L, steps, waited, paused_s)
+  def waits_for(self, b: hooks.Boundary) -> bool:
+    return self._driver.waits_for(b)
 
-  def loop_work(self, seconds: float) -> None:
-    self._driver.loop_work(seconds)
+  def at_boundary(self, b: hooks.Boundary) -> None:
+    self._driver.at_boundary(b)
+
+  def end(self, b: hooks.Boundary) -> None:
+    self._driver.end(b)
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     return self._driver.finish(state_L, abandon)

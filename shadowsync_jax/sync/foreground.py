@@ -2,8 +2,8 @@
 
   driver = foreground.ForegroundSync(algorithm, 'ma', meshes, groups=('mlp', 'embedding'), every_k_steps=10)
   driver.start(state_L, driver.initial_sync_state(state_L))
-  state_L = driver.before_block(step, state_L)         # at a multiple of k: a round on the live params, waited for
-  driver.next_due(step)                                # the next multiple of k: where the loop ends a block
+  driver.at_boundary(b)      # after the block that ends at a multiple of k: a round on b.state, waited for
+  driver.next_due(step)      # the next multiple of k: where the loop ends a block (`hooks.Hook`)
 
 The training thread issues every collective, so there is no thread to end (`drivers.SyncDriver`).
 """
@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 
+from shadowsync_jax import hooks
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
 from shadowsync_jax.sync import consensus
@@ -21,7 +22,7 @@ from shadowsync_jax.sync import rounds
 PyTree = Any
 
 
-class _TrainingThreadOnly:
+class _TrainingThreadOnly(hooks.Hook):
   """A driver without a thread of its own: the training thread issues every collective, so there is nothing to
   end."""
 
@@ -45,9 +46,6 @@ class _TrainingThreadOnly:
   def between_steps(self) -> None:
     return None  # Its rounds, if any, go between blocks.
 
-  def loop_work(self, seconds: float) -> None:
-    pass  # Nothing paces itself by the steps' times.
-
 
 class NoSync(_TrainingThreadOnly):
   """`none` (R independent models) and `sync_sgd` (synchronized inside the train step, no rounds)."""
@@ -68,15 +66,8 @@ class NoSync(_TrainingThreadOnly):
   def sync_state(self) -> None:
     return None
 
-  def next_due(self, step: int) -> None:
-    return None
-
-  def before_block(self, step: int, state_L: Any) -> Any:
-    return state_L
-
-  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
-    self._steps += steps
-    return state_L
+  def at_boundary(self, b: hooks.Boundary) -> None:
+    self._steps += b.steps
 
   def stats(self) -> dict[str, Any]:
     if self._algorithm == 'sync_sgd':  # One gradient all-reduce per step: always in sync.
@@ -128,19 +119,13 @@ class ForegroundSync(_TrainingThreadOnly):
   def next_due(self, step: int) -> int:
     return (step // self._every + 1) * self._every
 
-  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
-    """After the block that ends at `step`: the round due there, before the boundary's hooks, so that a checkpoint
-    of `step` holds it (the round due at a start ran before it, `start`: a restart that rewinds to a multiple of k
-    once skipped the round its checkpoint did not hold, and ended with another model than the run that never
-    failed)."""
-    self._last_boundary = step
-    return self._round(step, state_L)
-
-  def finish(self, state_L: Any, abandon: bool = False) -> Any:
-    return state_L
-
-  def before_block(self, step: int, state_L: Any) -> Any:
-    return state_L
+  def at_boundary(self, b: hooks.Boundary) -> None:
+    """After the block that ends at `b.step`: the round due there, before the boundary's later hooks, so that a
+    checkpoint of that step holds it (the round due at a start ran before it, `start`: a restart that rewinds to a
+    multiple of k once skipped the round its checkpoint did not hold, and ended with another model than the run
+    that never failed)."""
+    self._last_boundary = b.step
+    b.state = self._round(b.step, b.state)
 
   def _round(self, step: int, state_L: Any) -> Any:
     """A round if `step` is a multiple of k after the start (the loop ends a block at each: `next_due`), waited

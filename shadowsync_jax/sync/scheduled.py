@@ -9,7 +9,7 @@ the pace their cost allows; nothing waits for them.
     carry = driver.block_carry(step, n)          # the sync state and where this block's rounds fall
     state_L, _, carry = train_block(state_L, block_L, steps_L, carry)
     driver.after_block(carry)
-    driver.at_boundary(step + n, state_L, n)     # times the blocks: the pace in steps
+    driver.at_boundary(b)                        # b: `hooks.Boundary`; times the blocks: the pace in steps
   state_L = driver.finish(state_L)               # no round after the last step
 
 Why here, and not in a thread (`shadow.ShadowSync`, which runs one where processes step apart): a device runs the
@@ -45,6 +45,7 @@ import jax
 from jax import lax
 import numpy as np
 
+from shadowsync_jax import hooks
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
 from shadowsync_jax.sync import consensus
@@ -79,7 +80,7 @@ def _varying_like(new: PyTree, old: PyTree) -> PyTree:
   return jax.tree.map(like, new, old)
 
 
-class ScheduledShadowSync:
+class ScheduledShadowSync(hooks.Hook):
   """`shadow_*` where one program runs at a time for the whole job: rounds fused into the blocks (module
   docstring)."""
 
@@ -208,24 +209,17 @@ class ScheduledShadowSync:
       self._gap = int(np.max(jax.device_get(self._agreed_L))) or self._gap  # 0: no round in that block agreed.
     self._agreed_L = carry.agreed_gap
 
-  def before_block(self, step: int, state_L: Any) -> Any:
-    return state_L  # The rounds are in the blocks.
-
-  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
+  def at_boundary(self, b: hooks.Boundary) -> None:
     """Times the blocks from the first round's step on ('auto''s probe blocks, a step or eight each, would count
-    their dispatches as steps)."""
-    if step <= self._first_timed_step:
+    their dispatches as steps); an interval that carried the loop's own work (a save, a write: `b.work_s`) longer
+    than a step is left out of the step time. (The rounds are in the blocks: nothing before one.)"""
+    step_s = self._pacer.step_time_s()
+    if step_s is not None and b.work_s > step_s:
+      self._clock.skip()
+    if b.step <= self._first_timed_step:
       self._clock.reset()
     else:
-      self._clock.boundary(time.perf_counter(), steps, waited, paused_s)
-    return state_L
-
-  def loop_work(self, seconds: float) -> None:
-    """An interval that carries the loop's own work (a save, a write) longer than a step is left out of the step
-    time."""
-    step_s = self._pacer.step_time_s()
-    if step_s is not None and seconds > step_s:
-      self._clock.skip()
+      self._clock.boundary(time.perf_counter(), b.steps, b.waited, b.paused_s)
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Nothing more: every round planned among the steps has landed in its block, and no round follows the last

@@ -3,11 +3,10 @@ training path, the replicas of the job meeting on the host.
 
   driver = ShadowSync(algorithm, 'ma', meshes, groups=('mlp',), min_interval_s='auto', max_overhead=0.05)
   driver.start(state_L, driver.initial_sync_state(state_L))   # times a round, starts the thread
-  for block in ...:
-    state_L = driver.before_block(step, state_L)   # lands a finished round, hands a wanted snapshot over
+  for block in ...:                              # b: the loop's `hooks.Boundary`
+    driver.before_block(b)                       # lands a finished round on b.state, hands a wanted snapshot over
     state_L, _ = train_block(state_L, block_L)   # n steps, no cross-replica collective in there
-    driver.at_boundary(step + n, state_L, n)     # times the blocks; raises the thread's error
-    driver.loop_work(seconds)                    # the loop's own work (writes, saves): a long one is not a step's
+    driver.at_boundary(b)                        # times the blocks (less b.work_s's long ones); raises its error
   state_L = driver.finish(state_L)               # last rounds with every process, then joins the thread
 
 Where the job's processes step apart (`drivers.make_driver`; one process, and jobs whose steps are collectives,
@@ -51,6 +50,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from shadowsync_jax import hooks
 from shadowsync_jax.parallel import distributed
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
@@ -98,7 +98,7 @@ def _sums_meeting(meshes: replicas.ReplicaMeshes):
   return distributed.VectorAgreement('shadow_sums')
 
 
-class ShadowSync:
+class ShadowSync(hooks.Hook):
   """`shadow_*`: one background thread loops rounds, no faster than one per `min_interval_s` (seconds, or 'auto':
   paced to cost at most `max_overhead` of the trainers' throughput)."""
 
@@ -221,31 +221,29 @@ class ShadowSync:
   def between_steps(self) -> None:
     return None  # The thread's rounds are programs of their own.
 
-  def before_block(self, step: int, state_L: Any) -> Any:
-    """Before the block from `step`: raise the thread's error, merge a finished round, hand over a wanted
+  def before_block(self, b: hooks.Boundary) -> None:
+    """Before the block from `b.step`: raise the thread's error, merge a finished round, hand over a wanted
     snapshot."""
     self._raise_if_failed()
-    return self._step_boundary(state_L, step)
+    b.state = self._step_boundary(b.state, b.step)
 
-  def at_boundary(self, step: int, state_L: Any, steps: int, waited: bool = False, paused_s: float = 0.0) -> Any:
-    """After dispatching a block of `steps` steps: raise the thread's error, time the steps for the pace."""
+  def at_boundary(self, b: hooks.Boundary) -> None:
+    """After dispatching a block of `b.steps` steps: raise the thread's error, time the steps for the pace.
+
+    If the loop's own work at the last boundary (metric writes, saves, its recovery's bookkeeping: `b.work_s`) was
+    longer than a mean step between rounds, the interval to this boundary is left out of the pace: it carries a save
+    or a write (which waits for the device), not a round's cost, and a few such intervals among a round's would make
+    the round look many times dearer. Bookkeeping of microseconds leaves the interval timed, and so does everything
+    before a step time is known (so that one gets known)."""
     self._raise_if_failed()
-    self._clock.boundary(time.perf_counter(), steps, waited, paused_s)
-    if step >= self._first_snapshot_step:
+    step_s = self._pacer.step_time_s()
+    if step_s is not None and b.work_s > step_s:
+      self._clock.skip()
+    self._clock.boundary(time.perf_counter(), b.steps, b.waited, b.paused_s)
+    if b.step >= self._first_snapshot_step:
       self._training.set()
     self._pacer.observe_host_cost(self._host_cost_s)
     self._interval_s = self._pacer.interval_s()
-    return state_L
-
-  def loop_work(self, seconds: float) -> None:
-    """The loop's own work since the last boundary (metric writes, saves, its recovery's bookkeeping) took
-    `seconds`. If that is longer than a mean step between rounds, the interval to the next boundary is left out of
-    the pace: it carries a save or a write (which waits for the device), not a round's cost, and a few such
-    intervals among a round's would make the round look many times dearer. Bookkeeping of microseconds leaves the
-    interval timed, and so does everything before a step time is known (so that one gets known)."""
-    step_s = self._pacer.step_time_s()
-    if step_s is not None and seconds > step_s:
-      self._clock.skip()
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds and joins the thread; raises its error if it failed.

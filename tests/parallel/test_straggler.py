@@ -24,9 +24,9 @@ class _Clock:
 def _run(delay, clock, step_s, steps=1):
   """One block of `steps` steps that runs `step_s` each, as the loop dispatches it; returns the seconds slept."""
   slept = delay.slept_s
-  delay.before_block(steps)
+  delay.sleep_before(steps)
   clock.now += steps * step_s
-  delay.after_block(None, steps)
+  delay.time_block(None, steps)
   return delay.slept_s - slept
 
 
@@ -85,12 +85,12 @@ def test_the_sleep_comes_before_the_block_so_a_peers_same_block_waits_for_it(mon
   _run(delay, clock, step_s=5.0)  # Compiles.
   _run(delay, clock, step_s=0.1)  # Calibrates: 0.1 s a step.
   before = clock.now
-  delay.before_block(64)
+  delay.sleep_before(64)
   assert clock.now - before == pytest.approx(64 * 0.1)  # Slept for the 64-step block, before dispatching it.
   clock.now += 64 * 0.1
-  delay.after_block(None, 64)
+  delay.time_block(None, 64)
   before = clock.now
-  delay.before_block(1)  # A one-step block after it sleeps for one step, not for the 64 before it.
+  delay.sleep_before(1)  # A one-step block after it sleeps for one step, not for the 64 before it.
   assert clock.now - before == pytest.approx(0.1)
 
 

@@ -19,6 +19,7 @@ import pytest
 from experiments.configs import default
 from shadowsync_jax import block_plan
 from shadowsync_jax import config as config_lib
+from shadowsync_jax import hooks
 from shadowsync_jax import train
 from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.parallel import fault_injection
@@ -104,6 +105,14 @@ def _one_step(batch_RxB):
   return Batch(*(field[:, None] for field in batch_RxB))
 
 
+def _at_boundary(recovery, step: int, state, block, driver):
+  """The policy's `at_boundary` after a one-step block that ends at `step`, waited for, as the loop calls it:
+  (state, driver, rewind_to) after it."""
+  b = hooks.Boundary(step, state, driver, steps=1, block=block, trained=step, waited=True)
+  recovery.at_boundary(b)
+  return b.state, b.driver, b.rewind_to
+
+
 def test_partial_restore_reads_only_the_kept_leaves(tmp_path, initial_state):
   recovery, _, checkpointer = _unit_recovery(tmp_path, initial_state, 'partial', {})
   state = initial_state
@@ -132,7 +141,7 @@ def test_a_failed_shard_reloads_its_rows_in_every_replica_and_nothing_else(tmp_p
   state = initial
   for step, batch in enumerate(batches, 1):
     state = _trained(state, 1.0)
-    state, driver, rewind_to = recovery.at_boundary(step, state, 1, _one_step(batch), driver)
+    state, driver, rewind_to = _at_boundary(recovery, step, state, _one_step(batch), driver)
     assert rewind_to is None
 
   rows_F = failures.embedding_shard_rows([CARDINALITY] * 26, 4, 1)  # rows 2, 3, 4 of every table (10 rows / 4)
@@ -174,7 +183,7 @@ def test_a_failed_replica_reloads_its_state_and_the_newer_priority_rows(tmp_path
   state = initial
   for step in (1, 2, 3):
     state = _trained(state, 1.0)
-    state, driver, _ = recovery.at_boundary(step, state, 1, _one_step(hot), driver)
+    state, driver, _ = _at_boundary(recovery, step, state, _one_step(hot), driver)
   assert recovery.priority_steps == [2] and recovery.checkpoint_steps == [0]
 
   hot_rows = np.arange(26) * CARDINALITY + 3
@@ -216,7 +225,7 @@ def test_an_emulated_save_cost_sets_the_interval_and_holds_the_loop(tmp_path, in
   state = initial_state
   for step in range(1, interval + 1):
     time.sleep(0.005)  # Steps of at least 5 ms.
-    state, driver, _ = recovery.at_boundary(step, state, 1, _one_step(batch), driver)
+    state, driver, _ = _at_boundary(recovery, step, state, _one_step(batch), driver)
   summary = recovery.summary()
   assert summary['checkpoint_interval_steps'] == interval and recovery.checkpoint_steps == [0, interval]
   assert summary['recovery']['save_cost'] == 'emulated' and summary['recovery']['save_cost_steps'] == 30.0
@@ -244,7 +253,7 @@ def test_modelled_incremental_checkpoints_cost_the_share_of_the_rows_changed(tmp
     if step in (10, 20):  # A tenth of the rows changed by the save at 10; more than half by the one at 20.
       stamps[:, : stamps.shape[1] // 10 if step == 10 else stamps.shape[1] // 2 + 1] = step
       state = state._replace(row_steps=jax.device_put(stamps, state.row_steps.sharding))
-    state, driver, _ = recovery.at_boundary(step, state, 1, _one_step(batch), driver)
+    state, driver, _ = _at_boundary(recovery, step, state, _one_step(batch), driver)
   details = recovery.summary()['recovery']
   assert details['incremental_model'] and recovery.checkpoint_steps == [0, 10, 20, 30]
   fractions = recovery._save_fractions  # pylint: disable=protected-access

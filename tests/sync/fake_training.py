@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from shadowsync_jax import hooks
+
 
 class FakeState(NamedTuple):
   """What the drivers read of train.py's state: `params` {'mlp', 'embedding'} and `step` [R]."""
@@ -37,3 +39,11 @@ def _step(state: FakeState, delta_R) -> FakeState:
 
 step = jax.jit(_step)
 donating_step = jax.jit(_step, donate_argnums=0)  # Donates its params, as the real train step does.
+
+
+def at_boundary(driver, step: int, state: Any, steps: int = 1) -> Any:
+  """A driver's `at_boundary` after a block of `steps` that ends at `step`, as the loop calls it; the train state
+  after it (a foreground round due there)."""
+  b = hooks.Boundary(step, state, driver, steps=steps)
+  driver.at_boundary(b)
+  return b.state

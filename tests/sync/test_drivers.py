@@ -48,7 +48,7 @@ def test_foreground_ma_rounds_every_k_steps_on_the_live_params(num_replicas, gro
   state = _fake_state(want, mesh)
   driver.start(state, driver.initial_sync_state(state))
   for step in range(1, num_steps + 1):
-    state = driver.at_boundary(step, fake_training.step(state, delta_R), 1)  # The round due at this boundary.
+    state = fake_training.at_boundary(driver, step, fake_training.step(state, delta_R))  # The round due here.
     want = jax.tree.map(np.add, want, delta)
     if step % every_k == 0:
       for group in groups:
@@ -96,7 +96,7 @@ def test_foreground_resumes_from_the_given_step_and_sync_state():
   )
   delta_R = replicas.shard(delta, mesh)
   for step in range(101, 110):
-    state = driver.at_boundary(step, fake_training.step(state, delta_R), 1)  # The round due at this boundary.
+    state = fake_training.at_boundary(driver, step, fake_training.step(state, delta_R))  # The round due here.
     want = jax.tree.map(np.add, want, delta)
     if step % 4 == 0:
       diff = jax.tree.map(lambda w, c: alpha * (w - c), want['mlp'], center['mlp'])
@@ -129,7 +129,7 @@ def test_foreground_ea_keeps_its_center_across_rounds():
   driver.start(state, driver.initial_sync_state(state))
   delta_R = replicas.shard(delta, mesh)
   for step in range(1, 7):
-    state = driver.at_boundary(step, fake_training.step(state, delta_R), 1)  # The round due at this boundary.
+    state = fake_training.at_boundary(driver, step, fake_training.step(state, delta_R))  # The round due here.
     want = jax.tree.map(np.add, want, delta)
     if step % 2 == 0:
       diff = jax.tree.map(lambda w, c: alpha * (w - c), want, center)
@@ -206,7 +206,7 @@ def test_no_sync_stats():
   for algorithm, num_rounds, gap in (('none', 0, None), ('sync_sgd', 5, 1.0)):
     driver = foreground.NoSync(algorithm, replicas.make_meshes(1))
     for step in range(1, 6):
-      driver.at_boundary(step, None, 1)
+      fake_training.at_boundary(driver, step, None)
     assert driver.stats()['sync_rounds'] == num_rounds and driver.stats()['mean_sync_gap'] == gap, algorithm
 
 

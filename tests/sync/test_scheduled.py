@@ -3,6 +3,7 @@ process, and jobs whose steps are collectives (sharded tables; across processes:
 A round is fused into the blocks, at the step planned for it whatever the blocks, and lands whole; the pace follows
 the round's measured cost."""
 
+import fake_training
 import jax
 import numpy as np
 import pytest
@@ -94,7 +95,7 @@ def _blocks_with_foreground_rounds(name: str, num_steps: int, gap: int = 5):
     block = input_pipeline.read_block(source, 4, config.batch_size, step, gap, gap)
     steps_L = replicas.shard(np.full(4, gap, np.int32), meshes.local)
     state, _ = train_block(state, replicas.shard(block, meshes.local), steps_L)
-    state = driver.at_boundary(step + gap, state, gap)
+    state = fake_training.at_boundary(driver, step + gap, state, gap)
   return jax.device_get(state.params), jax.device_get(driver.sync_state())
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 import pytest
 
+from shadowsync_jax import hooks
 from shadowsync_jax.data import batch as batch_lib
 from shadowsync_jax.model import dlrm as model_lib
 from shadowsync_jax.model import embedding
@@ -44,12 +45,20 @@ class Loop:
     self._delta_R = replicas.shard(self.delta, self.mesh)
     self.state = replicas.shard(FakeState(params=self.initial, step=np.zeros(num_replicas, np.int32)), self.mesh)
     self.driver, self.step = driver, 0
+    self._work_s = 0.0  # The loop's own work at the last boundary (`hooks.Boundary.work_s`).
+
+  def work(self, seconds: float) -> None:
+    """The loop's own work at this boundary (a save, a metric write) took `seconds`."""
+    self._work_s = seconds
 
   def advance(self) -> None:
     self.state = fake_training.donating_step(self.state, self._delta_R)
     self.step += 1
-    self.driver.at_boundary(self.step, self.state, 1)
-    self.state = self.driver.before_block(self.step, self.state)  # Merges, hand-overs: before the next step.
+    b = hooks.Boundary(self.step, self.state, self.driver, steps=1, work_s=self._work_s)
+    self._work_s = 0.0
+    self.driver.at_boundary(b)
+    self.driver.before_block(b)  # Merges, hand-overs: before the next step.
+    self.state = b.state
     jax.block_until_ready(self.state.step)  # Keeps the dispatch queue short, as train.py's loss read-back does.
 
   def advance_until(self, condition: Callable[[], bool], what: str) -> None:
@@ -406,8 +415,10 @@ def test_shadow_sync_with_the_real_donating_train_step():
     state_R, pending_loss, losses = state, None, []
     for step in range(1, num_steps + 1):
       state_R, metrics = train_step(state_R, batches[step % len(batches)])
-      driver.at_boundary(step, state_R, 1)
-      state_R = driver.before_block(step, state_R)
+      b = hooks.Boundary(step, state_R, driver, steps=1)
+      driver.at_boundary(b)
+      driver.before_block(b)
+      state_R = b.state
       if pending_loss is not None:  # As train.py: reading step N-1's loss keeps the dispatch queue one step deep.
         losses.append(float(np.mean(pending_loss)))
       pending_loss = metrics['loss']
@@ -572,17 +583,17 @@ def test_a_step_after_long_loop_work_is_left_out_of_the_pace(monkeypatch):
     loop.run(2)
     assert loop.driver._pacer.step_time_s() is None  # pylint: disable=protected-access
     timed = _steps_timed(loop.driver)
-    loop.driver.loop_work(1000.0)
+    loop.work(1000.0)
     loop.run(1)
     assert _steps_timed(loop.driver) == timed + 1
   loop.wait_for_rounds(1)
   loop.run(10)
   assert loop.driver._pacer.step_time_s() is not None  # pylint: disable=protected-access
   timed = _steps_timed(loop.driver)
-  loop.driver.loop_work(0.0)
+  loop.work(0.0)
   loop.run(1)
   assert _steps_timed(loop.driver) == timed + 1
-  loop.driver.loop_work(1000.0)
+  loop.work(1000.0)
   loop.run(1)
   assert _steps_timed(loop.driver) == timed + 1  # Left out.
   loop.run(1)
