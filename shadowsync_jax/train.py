@@ -80,7 +80,7 @@ def abstract_state(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMe
 
 
 def _state_builder(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes):
-  mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
+  mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config.optimizer)
   cardinalities, placement = list(config.data.cardinalities), config.sync.embedding_placement
   layout = table_placement.ShardLayout(int(sum(cardinalities)), config.num_replicas)
   num_local = meshes.local.shape[replicas.REPLICA_AXIS]
@@ -132,7 +132,7 @@ def make_train_block(config: ml_collections.ConfigDict, meshes: replicas.Replica
 def _on_meshes(replicated, config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes):
   """The one-replica train step of `config`, made replicated by `replicated(step_fn, mesh)` on the mesh its
   collectives need, taking and returning this process's replicas."""
-  mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
+  mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config.optimizer)
   sync_sgd = config.sync.algorithm == 'sync_sgd'
   placement = table_placement.make(
     config.sync.embedding_placement,
@@ -548,7 +548,8 @@ def train_and_evaluate(
   # A restart of a job under 'auto' dispatches the K its first start chose: no probe, its warm-up one block.
   steps_per_dispatch = recovery_policies.steps_per_dispatch(config, workdir)
   warmup_steps = block_plan.steps_until_chosen(steps_per_dispatch)
-  driver = sync_drivers.make_driver(config, meshes, first_round_after=warmup_steps)
+  keep_params = sync_drivers.keeps_params(config.recovery.mode)
+  driver = sync_drivers.make(config.sync, meshes, num_replicas, keep_params, first_round_after=warmup_steps)
   warmup_blocks = block_plan.blocks_until_chosen(steps_per_dispatch)
   recovery = recovery_policies.make(config, meshes, workdir, total_steps, warmup_steps, warmup_blocks)  # Owns saves.
 
@@ -558,7 +559,7 @@ def train_and_evaluate(
 
   state, sync_state, start_step = recovery.resume(checkpointing.FreshState(fresh_state, meshes))
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
-  delay = straggler.from_config(config, process_index, first_step=start_step)
+  delay = straggler.from_config(config.straggler, process_index, first_step=start_step)
   blocks = BlockDispatcher(
     config,
     meshes,
@@ -603,9 +604,13 @@ def train_and_evaluate(
     return {'stopped_at_step': step}
 
   rule, sync_state = driver.consensus_rule(), driver.sync_state()
-  predict = consensus.make_predict(config, meshes, rule, per_replica=config.train.eval_per_replica)
+  per_replica = config.train.eval_per_replica
+  predict = consensus.make_predict(config.model, config.data.cardinalities, meshes, rule, per_replica=per_replica)
   eval_metrics = evaluation.evaluate(
-    config, lambda dense, sparse: predict(state.params, sync_state, dense, sparse), eval_source
+    lambda dense, sparse: predict(state.params, sync_state, dense, sparse),
+    eval_source,
+    config.train.eval_batch_size,
+    per_replica,
   )
   local_examples_per_sec = timed_steps * num_local * batch_size / timed_seconds if timed_seconds > 0 else 0.0
   examples_per_sec_per_process = [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]

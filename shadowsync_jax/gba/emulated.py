@@ -144,7 +144,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   total_steps = input_pipeline.num_steps(config.data.num_train_examples, num_workers, batch_size)
   stop_step = min(config.train.stop_at_step or total_steps, total_steps)
 
-  state = step_lib.init_from_config(config)
+  state = step_lib.init_from_config(config.seed, config.model, config.optimizer, config.data.cardinalities)
   mesh = replicas.make_mesh(num_workers)
   checkpointer = checkpointing.Checkpointer(
     workdir / 'checkpoints', replicas.ReplicaMeshes(mesh, mesh), config.train.checkpoint_every_steps
@@ -153,7 +153,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
   times = step_times.WorkerStepTimes.sample(config.gba, num_workers, total_steps, config.seed)
   gradient_fn = jax.jit(step_lib.make_gradient_fn(dlrm.from_config(config.model), list(config.data.cardinalities)))
-  server = server_lib.Server(state, config)
+  server = server_lib.Server(state, config.sync.algorithm, num_workers, config.gba, config.optimizer)
   emulation = Emulation(
     server, WorkerData(train_source, num_workers, batch_size, total_steps), times, gradient_fn, start_step
   )
@@ -194,12 +194,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     print(f'Stopped at step {stop_step} of {total_steps}; rerun with the same workdir to resume.')
     return {'stopped_at_step': stop_step}
 
-  eval_metrics = evaluation.evaluate(config, evaluation.one_model(config, server.state.params), eval_source)
+  predict = evaluation.one_model(config.model, config.data.cardinalities, server.state.params)
+  eval_metrics = evaluation.evaluate(predict, eval_source, config.train.eval_batch_size)
   trained_examples = (total_steps - start_step) * examples_per_step
   sync_time_s = times.sync_time_s(start_step, total_steps)
   examples_per_sec = clock.examples_per_sec(batch_size)
   summary = server_lib.server_summary(
-    config, eval_metrics, server, start_step, [examples_per_sec], emulation.lost_tokens
+    eval_metrics,
+    server,
+    start_step,
+    [examples_per_sec],
+    emulation.lost_tokens,
+    algorithm=config.sync.algorithm,
+    num_workers=num_workers,
+    batch_size=batch_size,
+    total_steps=total_steps,
   )
   summary.update(
     {

@@ -27,6 +27,7 @@ gradients are applied; the training loop then saves with no other collective run
 `sync_sgd`, `gba` and `async_sgd` across processes as it does in one.
 """
 
+from collections.abc import Sequence
 import pathlib
 import threading
 import time
@@ -279,10 +280,10 @@ def _gather(tree: PyTree) -> PyTree:
   return multihost_utils.process_allgather(tree)
 
 
-def make_local_gradient_fn(config: ml_collections.ConfigDict):
+def make_local_gradient_fn(model_config: ml_collections.ConfigDict, cardinalities: Sequence[int]):
   """`gradients(params, batch_L) -> (loss_L, mlp_grads_L, row_ids_LxN, row_grads_LxNxD)`: the L local workers'
-  gradients on the same params (one jitted, vmapped `step.make_gradient_fn`)."""
-  gradient_fn = step_lib.make_gradient_fn(dlrm.from_config(config.model), list(config.data.cardinalities))
+  gradients on the same params (one jitted, vmapped `step.make_gradient_fn`) of a run's `model` section."""
+  gradient_fn = step_lib.make_gradient_fn(dlrm.from_config(model_config), list(cardinalities))
   return jax.jit(jax.vmap(gradient_fn, in_axes=(None, 0)))
 
 
@@ -301,7 +302,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   total_steps = input_pipeline.num_steps(config.data.num_train_examples, num_workers, batch_size)
   stop_step = min(config.train.stop_at_step or total_steps, total_steps)
 
-  state = step_lib.init_from_config(config)
+  state = step_lib.init_from_config(config.seed, config.model, config.optimizer, config.data.cardinalities)
   meshes = replicas.make_meshes(num_workers)
   checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints', meshes, config.train.checkpoint_every_steps)
   state, start_step = server_lib.resume(checkpointer, state, meshes.local, workdir, total_steps)
@@ -310,18 +311,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     train_source, num_workers, batch_size, config.data.num_train_examples, start_step=start_step, replicas=workers
   )
   fails_RxK = step_times.WorkerStepTimes.sample(config.gba, num_workers, total_steps, config.seed).fails_RxK
-  gradient_fn = make_local_gradient_fn(config)
+  gradient_fn = make_local_gradient_fn(config.model, config.data.cardinalities)
   example_batch = input_pipeline.read_global_batch(train_source, num_workers, batch_size, 0, replicas=workers)
   codec = Codec(
     StepGradients(0, 0, np.zeros(num_local, bool), *jax.eval_shape(gradient_fn, state.params, example_batch)),
     capacity=config.gba.max_in_flight_steps,
   )  # At most that many steps wait in the outbox.
-  server = server_lib.Server(state, config, donate=False)  # The training loop may still read replaced params.
+  # The training loop may still read replaced params: no donation.
+  server = server_lib.Server(state, config.sync.algorithm, num_workers, config.gba, config.optimizer, donate=False)
   writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
   progress_line = progress.ProgressLine(
     total_steps, num_workers * batch_size, every_seconds=config.train.progress_every_s
   )
-  delay = straggler.from_config(config, process_index)
+  delay = straggler.from_config(config.straggler, process_index)
 
   step, rounds, lost_tokens = start_step, 0, 0
   warm, busy_s, busy_steps, window = False, 0.0, 0, (time.perf_counter(), step)
@@ -379,13 +381,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     return {'stopped_at_step': stop_step}
 
   params = jax.tree.map(np.asarray, server.state.params)
-  eval_metrics = evaluation.evaluate(config, evaluation.one_model(config, params), eval_source)
+  predict = evaluation.one_model(config.model, config.data.cardinalities, params)
+  eval_metrics = evaluation.evaluate(predict, eval_source, config.train.eval_batch_size)
   local_examples_per_sec = busy_steps * num_local * batch_size / busy_s if busy_s > 0 else 0.0
   examples_per_sec_per_process = [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]
   straggler_figures = straggler.summary(delay, config.straggler.process)
   net_bytes_sent, net_bytes_received = (network.per_process(count) for count in traffic.bytes())
   summary = server_lib.server_summary(
-    config, eval_metrics, server, start_step, examples_per_sec_per_process, lost_tokens
+    eval_metrics,
+    server,
+    start_step,
+    examples_per_sec_per_process,
+    lost_tokens,
+    algorithm=config.sync.algorithm,
+    num_workers=num_workers,
+    batch_size=batch_size,
+    total_steps=total_steps,
   )
   summary.update(
     {

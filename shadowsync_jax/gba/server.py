@@ -1,6 +1,6 @@
 """The parameter server of GBA and async SGD: one model, the gradient buffer of a global batch, staleness bookkeeping.
 
-  server = server_lib.Server(step_lib.init_from_config(config), config)
+  server = server_lib.Server(state, config.sync.algorithm, config.num_replicas, config.gba, config.optimizer)
   server.receive(server_lib.Gradient(worker, token, loss, mlp_grads, row_ids_N, row_grads_NxD))
   server.state, server.global_step, server.stats()
 
@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.gba import aggregation
 from shadowsync_jax.model import optimizers
 from shadowsync_jax.model import step as step_lib
@@ -44,13 +43,23 @@ class Server:
   """The parameter server: one train state, the gradient buffer of the current global batch, and the token
   bookkeeping (staleness, decayed and dropped gradients)."""
 
-  def __init__(self, state: step_lib.TrainState, config: ml_collections.ConfigDict, donate: bool = True):
-    """`donate`: update the state in place (False when another thread may still read the params it replaces)."""
+  def __init__(
+    self,
+    state: step_lib.TrainState,
+    algorithm: str,
+    num_workers: int,
+    gba_config: ml_collections.ConfigDict,
+    optimizer_config: ml_collections.ConfigDict,
+    donate: bool = True,
+  ):
+    """`algorithm` one of `ALGORITHMS`, over `num_workers` workers; a run's `gba` section (the staleness rule) and
+    `optimizer` section. `donate`: update the state in place (False when another thread may still read the params
+    it replaces)."""
     self.state, self.global_step = state, int(state.step)
-    self._aggregating = config.sync.algorithm == 'gba'
-    self._num_gradients = config.num_replicas if self._aggregating else 1
-    self._threshold, self._decay = config.gba.staleness_threshold, config.gba.staleness_decay
-    mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
+    self._aggregating = algorithm == 'gba'
+    self._num_gradients = num_workers if self._aggregating else 1
+    self._threshold, self._decay = gba_config.staleness_threshold, gba_config.staleness_decay
+    mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(optimizer_config)
     apply = step_lib.make_apply_fn(mlp_optimizer, embedding_optimizer)
 
     def aggregate_and_apply(state, mlp_grads_K, row_ids_K, row_grads_K, weights_K):
@@ -151,15 +160,19 @@ def resume(
 
 
 def server_summary(
-  config: ml_collections.ConfigDict,
   eval_metrics: dict[str, Any],
   server: Server,
   start_step: int,
   examples_per_sec_per_process: list[float | None],
   lost_tokens: int,
+  *,
+  algorithm: str,
+  num_workers: int,
+  batch_size: int,
+  total_steps: int,
 ) -> dict[str, Any]:
-  """The summary.json keys of train.py (docs/design.md §9) for a run of one server model, and the server's stats."""
-  total_steps = input_pipeline.num_steps(config.data.num_train_examples, config.num_replicas, config.batch_size)
+  """The summary.json keys of train.py (docs/design.md §9) for a run of one server model (`algorithm`, `total_steps`
+  of `num_workers` batches of `batch_size`), and the server's stats."""
   known = [x for x in examples_per_sec_per_process if x is not None]
   return {
     'eval_ne': eval_metrics['ne'],
@@ -170,12 +183,12 @@ def server_summary(
     'eval_ne_per_replica': None,
     'examples_per_sec': sum(known) if known else None,
     'examples_per_sec_per_process': examples_per_sec_per_process,
-    'train_examples': total_steps * config.num_replicas * config.batch_size,
+    'train_examples': total_steps * num_workers * batch_size,
     'train_steps': total_steps,
     'resumed_from_step': start_step,
-    'num_replicas': config.num_replicas,
+    'num_replicas': num_workers,
     'num_processes': len(examples_per_sec_per_process),
-    'sync_algorithm': config.sync.algorithm,
+    'sync_algorithm': algorithm,
     # Every worker pulls the server model before every step: a sync gap of 1, staleness aside (below).
     'sync_rounds': server.updates,
     'mean_sync_gap': 1.0 if server.updates else None,

@@ -80,17 +80,17 @@ def init_train_state(
   return init(key)
 
 
-def init_from_config(config) -> TrainState:
-  """The state of ONE replica as `config` (an ml_collections experiment config) names it, from `config.seed`: the
-  model every replica of a run, and the gba server, start from (its table padded like a replica's, so that the two
-  read each other's checkpoints)."""
-  mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(config)
-  cardinalities = list(config.data.cardinalities)
+def init_from_config(seed: int, model_config, optimizer_config, cardinalities) -> TrainState:
+  """The state of ONE replica as a run's `model` and `optimizer` sections name it, from its `seed`: the model every
+  replica of a run, and the gba server, start from (its table padded like a replica's, so that the two read each
+  other's checkpoints)."""
+  mlp_optimizer, embedding_optimizer = optimizers.make_optimizers(optimizer_config)
+  cardinalities = list(cardinalities)
   return init_train_state(
-    jax.random.key(config.seed),
-    dlrm.from_config(config.model),
+    jax.random.key(seed),
+    dlrm.from_config(model_config),
     cardinalities,
-    config.model.embedding_dim,
+    model_config.embedding_dim,
     mlp_optimizer,
     embedding_optimizer,
     table_rows=table_placement.rows_held('replicated', sum(cardinalities), 1),

@@ -1,6 +1,6 @@
 """An emulated straggler: a process whose own steps take `slowdown` times as long as they would.
 
-  delay = straggler.from_config(config, process_index)   # Straggler(slowdown, warmup_steps, calibration_steps)
+  delay = straggler.from_config(config.straggler, process_index)   # Straggler(slowdown, warmup_steps, ...)
   for block in ...:
     delay.sleep_before(n)                           # once calibrated: sleeps first, what the block will not take
     state, metrics = train_block(state, block)      # n steps in one dispatch (one, for gba's workers)
@@ -148,10 +148,9 @@ class Straggler(hooks.Hook):
     self._woke = None
 
 
-def from_config(config: Any, process_index: int, first_step: int = 0) -> Straggler:
-  """The `straggler` section's delay for this process: slowed if it is `straggler.process`, else never waiting;
-  for a run from `first_step`."""
-  section = config.straggler
+def from_config(section: Any, process_index: int, first_step: int = 0) -> Straggler:
+  """The delay a run's `straggler` section asks of this process: slowed if it is `section.process`, else never
+  waiting; for a run from `first_step`."""
   slowdown = section.slowdown if section.process == process_index else 1.0
   return Straggler(slowdown, section.warmup_steps, section.calibration_steps, first_step)
 

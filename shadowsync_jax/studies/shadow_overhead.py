@@ -87,7 +87,7 @@ def measure(config: ml_collections.ConfigDict, window_steps: int, pairs: int) ->
   fused_dict = config.to_dict()
   fused_dict['train']['steps_per_dispatch'] = plain.steps_per_dispatch
   fused_config = ml_collections.ConfigDict(fused_dict)
-  driver = sync_drivers.make_driver(fused_config, meshes)
+  driver = sync_drivers.make(fused_config.sync, meshes, fused_config.num_replicas)
   fused = _Loop(fused_config, meshes, source, available_steps, driver)
   sync_state = driver.initial_sync_state(state)
   driver.start(state, sync_state)  # Times a round; the fused programs compile in the warm-up below.

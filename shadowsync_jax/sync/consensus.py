@@ -1,7 +1,7 @@
 """The model a run evaluates (docs/design.md §3), read where it lives: no consensus table is ever built.
 
   rule = consensus.Rule('ea', groups=('mlp', 'embedding'))          # a driver's `consensus_rule()`
-  predict = consensus.make_predict(config, meshes, rule)            # a job-wide program
+  predict = consensus.make_predict(config.model, config.data.cardinalities, meshes, rule)   # a job-wide program
   probabilities_ME = predict(state_L.params, sync_state_R, dense_ExF, sparse_ExT)   # every process gets all of it
   params = consensus.materialize(rule, params_L, sync_state_R, meshes)   # the whole model (small models, tests)
   fingerprint = consensus.fingerprint(rule, params_L, sync_state_R, meshes)   # the same uint32 on every process
@@ -17,6 +17,7 @@ table, a reduce-scatter summing them back), since a mean of tables is read row b
 from each device's own copy of `c`; a sharded table's rows from their owners (`table_placement.Sharded`).
 """
 
+from collections.abc import Sequence
 import functools
 from typing import Any, NamedTuple
 
@@ -84,19 +85,26 @@ def _read_rows(how: str, table: jax.Array, row_ids_N: jax.Array, sharded: table_
   return lax.psum_scatter(rows_RNxD, AXIS, scatter_dimension=0, tiled=True) / lax.axis_size(AXIS)
 
 
-def make_predict(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes, rule: Rule, per_replica=False):
-  """`predict(params_L, sync_state_R, dense_ExF, sparse_ExT) -> probabilities [M, E]` (host numpy, on every process):
-  row 0 the consensus model's, and with `per_replica` one row per replica of the job (its own MLP and own rows).
+def make_predict(
+  model_config: ml_collections.ConfigDict,
+  cardinalities: Sequence[int],
+  meshes: replicas.ReplicaMeshes,
+  rule: Rule,
+  per_replica=False,
+):
+  """`predict(params_L, sync_state_R, dense_ExF, sparse_ExT) -> probabilities [M, E]` (host numpy, on every process)
+  of the DLRM of a run's `model` section over tables of `cardinalities` rows: row 0 the consensus model's, and with
+  `per_replica` one row per replica of the job (its own MLP and own rows).
 
   A job-wide program (call it on every process with the same examples, from the thread that owns the collectives):
   the E examples are split over the job's R replicas, each device predicting its E / R (E is padded to a multiple
   of R and cut back).
   """
-  model = dlrm.from_config(config.model)
-  offsets_T = embedding.table_offsets(list(config.data.cardinalities))
+  model = dlrm.from_config(model_config)
+  offsets_T = embedding.table_offsets(list(cardinalities))
   num_replicas = meshes.job.shape[AXIS]
   sharded = table_placement.Sharded(
-    AXIS, table_placement.ShardLayout(int(sum(config.data.cardinalities)), num_replicas), rule.tables.shard_exchange
+    AXIS, table_placement.ShardLayout(int(sum(cardinalities)), num_replicas), rule.tables.shard_exchange
   )
 
   def one_device(params_1, sync_state_1, dense_1xExF, sparse_1xExT):

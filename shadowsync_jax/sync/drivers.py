@@ -1,6 +1,6 @@
 """When sync rounds run: never, every k steps in the foreground, or off the training path at a paced gap.
 
-  driver = drivers.make_driver(config, meshes)  # meshes = replicas.make_meshes(num_replicas)
+  driver = drivers.make(config.sync, meshes, num_replicas)  # meshes = replicas.make_meshes(num_replicas)
   sync_state_R = driver.initial_sync_state(state_L)  # EA center, BMUF global model and momentum; None if no rounds
   driver.start(state_L, sync_state_R)          # or a sync state restored from a checkpoint
   for block in ...:                           # blocks of steps, one dispatch each (docs/design.md §13)
@@ -92,14 +92,19 @@ class SyncDriver(Protocol):
   def stats(self) -> dict[str, Any]: ...
 
 
-def make_driver(
-  config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes, first_round_after: int = 1
+def make(
+  sync: ml_collections.ConfigDict,
+  meshes: replicas.ReplicaMeshes,
+  num_replicas: int,
+  keep_params: bool = False,
+  first_round_after: int = 1,
 ) -> SyncDriver:
-  """The driver for `config.sync.algorithm`: NoSync, ForegroundSync (`fr_*`) or ShadowSync (`shadow_*`).
+  """The driver for a run's `sync` section (`sync.algorithm`): NoSync, ForegroundSync (`fr_*`) or ShadowSync
+  (`shadow_*`), for the job's `num_replicas`. `keep_params`: a foreground round leaves the params it replaces
+  alive (under partial recovery a round whose peer died must leave the live params to be saved: no donation).
   `first_round_after`: the steps from the start before a shadow round (the compiling block, and 'auto''s probe: a
   round's work in its timed blocks made it choose one step a dispatch; `block_plan.steps_until_chosen`, the
   caller's); 1 where the loop's K is in use (a restart inside the loop) or given."""
-  sync = config.sync
   tables = consensus.Tables(sync.embedding_placement, sync.shard_exchange)
   if sync.algorithm in ('none', 'sync_sgd'):
     return foreground.NoSync(sync.algorithm, meshes, tables)
@@ -107,7 +112,7 @@ def make_driver(
   algorithm = algorithms.make(
     name,
     replicas.REPLICA_AXIS,
-    config.num_replicas,
+    num_replicas,
     sync.elastic_alpha,
     sync.block_momentum,
     sync.block_lr,
@@ -115,8 +120,6 @@ def make_driver(
   )
   groups = rounds.synced_groups(sync.what, sync.embedding_placement)
   if mode == 'fr':
-    # Under partial recovery a round whose peer died must leave the live params to be saved: no donation.
-    keep_params = config.recovery.mode not in ('none', 'full')
     return foreground.ForegroundSync(
       algorithm, name, meshes, groups, sync.every_k_steps, donate=not keep_params, tables=tables
     )
@@ -126,6 +129,18 @@ def make_driver(
   if mode == 'shadow':
     return shadow.ShadowSync(*args)  # Processes that step apart: a thread of its own, none waits for a round.
   raise ValueError(f'sync.algorithm={sync.algorithm!r} has no driver.')
+
+
+def keeps_params(recovery_mode: str) -> bool:
+  """`make`'s `keep_params` under `recovery.mode`: whether a failed round must leave the live params (partial
+  recovery saves them)."""
+  return recovery_mode not in ('none', 'full')
+
+
+def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes) -> SyncDriver:
+  """`make` from a whole run config: the form `recovery.emulated` restarts a driver with (it holds the run's config);
+  everything else passes `make` its section."""
+  return make(config.sync, meshes, config.num_replicas, keeps_params(config.recovery.mode))
 
 
 class RestartedSync(hooks.Hook):

@@ -116,7 +116,7 @@ def test_only_the_configured_process_is_slowed():
   config = config_lib.base_config()
   config.straggler.process, config.straggler.slowdown = 1, 2.5
   config.straggler.warmup_steps, config.straggler.calibration_steps = 7, 9
-  slow, fast = straggler.from_config(config, 1), straggler.from_config(config, 0)
+  slow, fast = straggler.from_config(config.straggler, 1), straggler.from_config(config.straggler, 0)
   assert (slow.slowdown, slow._warmup_steps, slow._calibration_steps) == (2.5, 7, 9)
   assert fast.slowdown == 1.0
 

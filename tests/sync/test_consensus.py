@@ -106,7 +106,7 @@ def test_predictions_read_where_the_model_lives_equal_those_of_the_whole_model(p
     params, sync_state = _sync_state(name, params, groups, meshes)
   rule = consensus.Rule(name, groups, consensus.Tables(placement))
   examples = jax.device_get(_whole_examples(config))
-  predict = consensus.make_predict(config, meshes, rule, per_replica=True)
+  predict = consensus.make_predict(config.model, config.data.cardinalities, meshes, rule, per_replica=True)
   got = predict(params, sync_state, examples.dense, examples.sparse)  # 37 examples: not a multiple of 4
   whole = jax.device_get(consensus.materialize(rule, params, sync_state, meshes))
   assert got.shape == (1 + NUM_REPLICAS, 37)

@@ -166,7 +166,7 @@ def _config(algorithm: str, num_replicas: int = 4, **sync):
   ],
 )
 def test_make_driver_picks_the_driver_of_the_algorithm(algorithm, driver_type, groups):
-  driver = sync_drivers.make_driver(_config(algorithm), replicas.make_meshes(4))
+  driver = sync_drivers.make(_config(algorithm).sync, replicas.make_meshes(4), 4)
   assert type(driver) is driver_type  # pylint: disable=unidiomatic-typecheck
   if groups is not None:
     assert driver._groups == groups  # pylint: disable=protected-access
@@ -174,11 +174,11 @@ def test_make_driver_picks_the_driver_of_the_algorithm(algorithm, driver_type, g
 
 def test_make_driver_dense_only_and_its_settings():
   config = _config('fr_ea', what='dense', every_k_steps=7)
-  driver = sync_drivers.make_driver(config, replicas.make_meshes(4))
+  driver = sync_drivers.make(config.sync, replicas.make_meshes(4), config.num_replicas)
   assert driver._groups == ('mlp',) and driver._every == 7  # pylint: disable=protected-access
-  driver = sync_drivers.make_driver(_config('shadow_ma', min_interval_s=0.25), replicas.make_meshes(4))
+  driver = sync_drivers.make(_config('shadow_ma', min_interval_s=0.25).sync, replicas.make_meshes(4), 4)
   assert driver.stats()['sync_interval_s'] == 0.25
-  driver = sync_drivers.make_driver(_config('shadow_ma', max_overhead=0.2), replicas.make_meshes(4))
+  driver = sync_drivers.make(_config('shadow_ma', max_overhead=0.2).sync, replicas.make_meshes(4), 4)
   pacer = driver._pacer  # pylint: disable=protected-access
   assert pacer.fixed_interval_s is None and pacer.max_overhead == 0.2  # min_interval_s='auto', the default.
 
@@ -196,7 +196,7 @@ def test_the_first_shadow_round_waits_for_the_probe_of_the_k_it_runs():
   ):
     config = _config(algorithm)
     waits = block_plan.steps_until_chosen(steps_per_dispatch)
-    driver = sync_drivers.make_driver(config, meshes, first_round_after=waits)
+    driver = sync_drivers.make(config.sync, meshes, config.num_replicas, first_round_after=waits)
     assert driver._first_round_after == first_round_after, (algorithm, steps_per_dispatch)  # pylint: disable=protected-access
     restarted = sync_drivers.make_driver(config, meshes)  # Emulated recovery's, mid-run: no probe.
     assert restarted._first_round_after == 1  # pylint: disable=protected-access

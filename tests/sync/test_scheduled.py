@@ -33,7 +33,8 @@ def _config(algorithm: str, placement: str = 'sharded'):
 @pytest.mark.parametrize('placement, groups', [('sharded', ('mlp',)), ('replicated', ALL)])
 def test_shadow_algorithms_in_one_process_and_sharded_get_the_scheduled_driver(placement, groups):
   meshes = replicas.make_meshes(4)
-  driver = drivers.make_driver(_config('shadow_bmuf', placement), meshes)
+  config = _config('shadow_bmuf', placement)
+  driver = drivers.make(config.sync, meshes, config.num_replicas)
   assert isinstance(driver, scheduled.ScheduledShadowSync)
   assert driver.consensus_rule().groups == groups  # sync.what='all': a sharded table is not R copies.
 
@@ -118,7 +119,7 @@ def test_the_gap_is_the_measured_cost_over_the_budget_in_steps():
   config = _config('shadow_ma', 'replicated')
   meshes = replicas.make_meshes(4)
   state = train.init_replicated_state(config, meshes)
-  driver = drivers.make_driver(config, meshes)
+  driver = drivers.make(config.sync, meshes, config.num_replicas)
   driver.start(state, driver.initial_sync_state(state))
   cost_s = driver.stats()['sync_round_cost_s']
   assert 0 < cost_s < 1.0
@@ -137,7 +138,8 @@ def test_the_first_round_waits_for_autos_probe(steps_per_dispatch, first_round):
   config.train.steps_per_dispatch = steps_per_dispatch
   meshes = replicas.make_meshes(4)
   state = train.init_replicated_state(config, meshes)
-  driver = drivers.make_driver(config, meshes, first_round_after=block_plan.steps_until_chosen(steps_per_dispatch))
+  waits = block_plan.steps_until_chosen(steps_per_dispatch)
+  driver = drivers.make(config.sync, meshes, config.num_replicas, first_round_after=waits)
   driver.start(state, driver.initial_sync_state(state))
   driver.block_carry(0, first_round - 1)
   assert driver.stats()['sync_rounds'] == 0
