@@ -7,7 +7,7 @@
     def at_boundary(self, b): ...          # after it: b.step (its end), b.steps, b.state, b.metrics, b.block, ...
     def end(self, b): ...                  # after the last block, before the loop's time stops
 
-The loop (`train.run_blocks`) plans each block to end at the first step any hook is due, then calls each hook's
+The loop (`loop.run_blocks`) plans each block to end at the first step any hook is due, then calls each hook's
 `before_block`, dispatches the block, asks `waits_for`, and calls each `at_boundary`, in the order it was given the
 hooks, the run's sync driver among them (`Boundary.driver`: a full recovery may restart it). A hook changes what
 the loop goes on with through `b`: the train state (a round, a restore), the sync driver, `rewind_to` (the stream

@@ -9,7 +9,9 @@ import pytest
 from experiments.configs import default
 from shadowsync_jax import block_plan
 from shadowsync_jax import config as config_lib
+from shadowsync_jax import dispatch
 from shadowsync_jax import train
+from shadowsync_jax.metrics import log as metric_log
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.sync import pacing
 
@@ -187,7 +189,7 @@ def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm
     if event == '/jax/core/compile/backend_compile_duration':  # Any thread's XLA compile.
       compiles.append(event)
 
-  make_train_block = train.make_train_block
+  make_train_block = dispatch.make_train_block
 
   def counting_make_train_block(config, meshes, between=None):
     train_block = make_train_block(config, meshes, between)
@@ -207,7 +209,6 @@ def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm
     counted.compile_all_steps = compile_all_steps
     return counted
 
-  monkeypatch.setattr(train, 'make_train_block', counting_make_train_block)
   if auto_chooses is not None:
     monkeypatch.setattr(block_plan, 'choose_steps_per_dispatch', lambda *args, **kwargs: auto_chooses)
   jax.monitoring.register_event_duration_secs_listener(on_event)
@@ -224,6 +225,7 @@ def test_nothing_compiles_among_the_timed_steps(tmp_path, monkeypatch, algorithm
         train__all_steps_program=True,
       ),
       tmp_path,
+      make_block=counting_make_train_block,
     )
   finally:
     jax.monitoring.unregister_event_duration_listener(on_event)
@@ -347,7 +349,7 @@ def test_the_metric_streams_replica_divergence_is_written_no_more_often_than_its
   before the steps, and writes by seconds carry it no more often than `DIVERGENCE_SHARE` of the time between
   allows: priced as free, every one; priced as if it took a billion times its time, none. Writes at the steps asked
   for carry it whatever it costs. The summary's, measured at the end, is there either way."""
-  monkeypatch.setattr(train, 'DIVERGENCE_SHARE', share)
+  monkeypatch.setattr(metric_log, 'DIVERGENCE_SHARE', share)
   every = {'seconds': {'train__log_every_s': 1e-6, 'train__log_every_steps': 10**6}, 'steps': {}}[by]
   summary = train.train_and_evaluate(_tiny(num_replicas=2, **{'train__log_every_steps': 32, **every}), tmp_path)
   writes = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]

@@ -11,7 +11,7 @@ stream), on one replica, with every other setting the config's own, `repeats` ti
 - (b) the loop: `train.train_and_evaluate` as a user runs it, in this process, with `train.steps_per_dispatch`
   at its default ('auto'); its `examples_per_sec` (every step after the first block, the data read and placed
   while the blocks train, the hooks at every boundary);
-- (a) the step alone: the same block program (`train.make_train_block`, the K that (b) chose) dispatched back to
+- (a) the step alone: the same block program (`dispatch.make_train_block`, the K that (b) chose) dispatched back to
   back on blocks of the same stream already on the device, as many steps as (b) trained: what the device can do,
   nothing else;
 - (c) the host's ceiling: (b) again with a block program that does no work (it returns the state it was given),
@@ -41,6 +41,7 @@ import ml_collections
 import numpy as np
 
 from shadowsync_jax import config as config_lib
+from shadowsync_jax import dispatch
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.parallel import launcher
@@ -63,13 +64,13 @@ def one_replica(make_config: Callable[[], ml_collections.ConfigDict], num_train:
 
 
 def time_step_alone(config, steps_per_dispatch: int, timed_steps: int) -> float:
-  """(a): examples/sec of `train.make_train_block`'s program (all `config.num_replicas` replicas, on this process's
+  """(a): examples/sec of `dispatch.make_train_block`'s program (all `config.num_replicas` replicas, on this process's
   devices) on full blocks of K steps already on the device, about `timed_steps` steps (as many as the loop timed),
   the first `_DEVICE_BLOCKS` blocks of the stream cycled."""
   config = config_lib.resolve(config)
   meshes = replicas.make_meshes(config.num_replicas)
   state = train.init_replicated_state(config, meshes)
-  train_block = train.make_train_block(config, meshes)
+  train_block = dispatch.make_train_block(config, meshes)
   source, _ = input_pipeline.make_sources(config.data, config.seed)
   num_replicas = config.num_replicas  # All of them on this process's devices.
   available = input_pipeline.num_steps(len(source), num_replicas, config.batch_size) // steps_per_dispatch

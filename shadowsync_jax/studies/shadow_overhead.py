@@ -37,7 +37,9 @@ import ml_collections
 import numpy as np
 
 from shadowsync_jax import config as config_lib
+from shadowsync_jax import dispatch
 from shadowsync_jax import hooks
+from shadowsync_jax import loop
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.parallel import replicas
@@ -234,13 +236,13 @@ def note(variant: str, base: ml_collections.ConfigDict, settings: Settings, algo
 
 
 class _Loop:
-  """The training loop of `train.train_and_evaluate` (`train.run_blocks`), without metrics or checkpoints, over one
-  `train.BlockDispatcher` (blocks planned as there, 'auto' measured in the warm-up, the next one read while one
+  """The training loop of `train.train_and_evaluate` (`loop.run_blocks`), without metrics or checkpoints, over one
+  `dispatch.BlockDispatcher` (blocks planned as there, 'auto' measured in the warm-up, the next one read while one
   trains, one in flight), the driver's rounds fused into its blocks if one is given."""
 
   def __init__(self, config, meshes, source, stop_step: int, driver: sync_drivers.SyncDriver | None = None):
     between = driver.between_steps() if driver is not None else None
-    self._blocks = train.BlockDispatcher(config, meshes, source, stop_step, between=between)
+    self._blocks = dispatch.BlockDispatcher(config, meshes, source, stop_step, between=between)
     self._driver = driver if driver is not None else foreground.NoSync('none', meshes)
     self._examples_per_step = config.num_replicas * config.batch_size
 
@@ -252,7 +254,7 @@ class _Loop:
     """`steps` steps from `step`, every block timed; returns (state, step, their examples/sec)."""
     start = time.perf_counter()
     b = hooks.Boundary(step, state, self._driver)
-    train.run_blocks(b, step + steps, self._blocks, first_block_untimed=False)
+    loop.run_blocks(b, step + steps, self._blocks, first_block_untimed=False)
     return b.state, b.step, steps * self._examples_per_step / (time.perf_counter() - start)
 
   def close(self) -> None:

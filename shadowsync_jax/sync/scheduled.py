@@ -4,7 +4,7 @@ the pace their cost allows; nothing waits for them.
 
   driver = ScheduledShadowSync(algorithm, 'ma', meshes, groups=('mlp',), min_interval_s='auto', max_overhead=0.05)
   driver.start(state_L, driver.initial_sync_state(state_L))   # times a round
-  train_block = train.make_train_block(config, meshes, between=driver.between_steps())
+  train_block = dispatch.make_train_block(config, meshes, between=driver.between_steps())
   for block in ...:
     carry = driver.block_carry(step, n)          # the sync state and where this block's rounds fall
     state_L, _, carry = train_block(state_L, block_L, steps_L, carry)

@@ -8,6 +8,7 @@ import pytest
 
 from experiments.configs import default
 from shadowsync_jax import config as config_lib
+from shadowsync_jax import dispatch
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.data import synthetic
@@ -102,7 +103,7 @@ def test_training_on_the_device_stream_learns_as_on_the_host(tmp_path):
   (the streams differ only in float32 bits), and `auto` keeps the host on CPU."""
   config = default.get_config('tiny')
   config.num_replicas, config.batch_size, config.data.num_train_examples = 8, 32, 16_384
-  assert not train.generates_on_device(config)  # 'auto' on a CPU backend.
+  assert not dispatch.generates_on_device(config)  # 'auto' on a CPU backend.
   on_host = train.train_and_evaluate(config, tmp_path / 'host')
   config.data.generator = 'device'
   on_device = train.train_and_evaluate(config, tmp_path / 'device')

@@ -27,7 +27,7 @@ def test_the_loop_the_step_alone_and_the_no_work_loop_are_timed_and_tabled(tmp_p
   assert table.count('\n') == 2 and '| tiny | 128 |' in table
   assert 'target 0.9' in table and 'target 5M' in table
   # The no-work runs did not train: the library's block program is back in place for everyone after.
-  assert loop.train.make_train_block is not loop._make_no_work_block
+  assert loop.dispatch.make_train_block is not loop._make_no_work_block
 
 
 def test_the_jobs_step_alone_sums_its_processes_run_at_once_and_its_row_says_what_was_not_timed():

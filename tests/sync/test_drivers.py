@@ -14,6 +14,7 @@ import pytest
 
 from experiments.configs import default
 from shadowsync_jax import block_plan
+from shadowsync_jax import dispatch
 from shadowsync_jax import train
 from shadowsync_jax.data import batch as batch_lib
 from shadowsync_jax.parallel import replicas
@@ -229,7 +230,7 @@ def _compiled_step_text(config) -> str:
     sparse=jax.ShapeDtypeStruct((*leading, batch_lib.NUM_SPARSE_FEATURES), np.int32),
     label=jax.ShapeDtypeStruct(leading, np.float32),
   )
-  return train.make_train_step(config, replicas.ReplicaMeshes(mesh, mesh)).lower(state, batch).compile().as_text()
+  return dispatch.make_train_step(config, replicas.ReplicaMeshes(mesh, mesh)).lower(state, batch).compile().as_text()
 
 
 @pytest.mark.parametrize('algorithm', ['shadow_ma', 'fr_ma', 'none'])

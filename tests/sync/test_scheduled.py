@@ -10,6 +10,7 @@ import pytest
 
 from experiments.configs import default
 from shadowsync_jax import block_plan
+from shadowsync_jax import dispatch
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.parallel import replicas
@@ -69,7 +70,7 @@ def _blocks_with_fused_rounds(name: str, blocks: list[int], block_steps: int, ga
   driver = scheduled.ScheduledShadowSync(algorithm, name, meshes, ALL, first_round_after=gap, pacer=_FixedGap(gap))
   state = train.init_replicated_state(config, meshes)
   driver.start(state, driver.initial_sync_state(state))
-  train_block = train.make_train_block(config, meshes, driver.between_steps())
+  train_block = dispatch.make_train_block(config, meshes, driver.between_steps())
   source, _ = input_pipeline.make_sources(config.data, config.seed)
   step = 0
   for steps in blocks:
@@ -90,7 +91,7 @@ def _blocks_with_foreground_rounds(name: str, num_steps: int, gap: int = 5):
   driver = foreground.ForegroundSync(algorithm, name, meshes, ALL, every_k_steps=gap)
   state = train.init_replicated_state(config, meshes)
   driver.start(state, driver.initial_sync_state(state))
-  train_block = train.make_train_block(config, meshes)
+  train_block = dispatch.make_train_block(config, meshes)
   source, _ = input_pipeline.make_sources(config.data, config.seed)
   for step in range(0, num_steps, gap):
     block = input_pipeline.read_block(source, 4, config.batch_size, step, gap, gap)
