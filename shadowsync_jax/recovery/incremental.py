@@ -30,7 +30,8 @@ writes the file (a temporary file, fsynced and renamed: a process killed mid-wri
 restore reads the baseline, then one differential over it (never a chain): bit for bit the state that was saved.
 A differential is started only once its baseline is complete on disk. A restore refuses
 (`checkpointing.MismatchError`) what it could not restore exactly: a differential writes down every leaf's shape and
-dtype, and over the initial state a checksum of each of its leaves (`fingerprint`: of 2^16 of its rows at most); a
+dtype, and over the initial state a checksum of each of its leaves (`differentials.fingerprint`: of 2^16 of its rows at
+most); a
 run of other shapes, or whose rebuilt initial state differs (another seed, cardinalities, initializer or version of
 the code), is told so in one line, with the settings that differ from the saving run's, before anything is laid
 over it.
@@ -42,25 +43,22 @@ restarts (the directory is read at start; a temporary file left by a kill is rem
 
 from collections.abc import Callable, Mapping
 from concurrent import futures
-import functools
 import json
 import os
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
+from shadowsync_jax.recovery import differentials
 from shadowsync_jax.recovery import modes
 
 PyTree = Any
-_ROW_PREFIXES = ("['train'].params['embedding']", "['train'].embedding_opt_state", "['train'].row_steps")
-_STAMPS = "['train'].row_steps"
 INITIAL = 0  # The baseline of the state the job started from (`initial`): never written, rebuilt.
 
 
@@ -75,158 +73,6 @@ def enabled(config: ml_collections.ConfigDict, saves_block: bool) -> bool:
       sync.algorithm, sync.embedding_placement, config.num_replicas, sync.what
     )
   return bool(setting)
-
-
-def is_row_leaf(path: str, leaf: Any, num_rows: int) -> bool:
-  """Whether a leaf of a training tree is indexed by embedding row on its second axis ([L, V, ...])."""
-  return path.startswith(_ROW_PREFIXES) and getattr(leaf, 'ndim', 0) >= 2 and leaf.shape[1] == num_rows
-
-
-def row_and_dense_leaves(tree: PyTree) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
-  """A training tree's leaves as (path, leaf), split into those indexed by embedding row (`is_row_leaf`) and the
-  rest, in tree order."""
-  flat = [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
-  num_rows = next(leaf for path, leaf in flat if path == _STAMPS).shape[1]
-  rows = [(path, x) for path, x in flat if is_row_leaf(path, x, num_rows)]
-  return rows, [(path, x) for path, x in flat if not is_row_leaf(path, x, num_rows)]
-
-
-@jax.jit
-def _gather(rows: list[jax.Array], ids_LxM: jax.Array) -> list[jax.Array]:
-  """Each leaf [L, V, ...] at rows `ids_LxM` of each device ([L, M, ...]); ids >= V read zeros."""
-  take = lambda x: jax.vmap(lambda x_1, ids: x_1.at[ids].get(mode='fill', fill_value=0))(x, ids_LxM)
-  return [take(x) for x in rows]
-
-
-@jax.jit
-def _copy(tree: PyTree) -> PyTree:
-  return jax.tree.map(jnp.copy, tree)
-
-
-@functools.partial(jax.jit, donate_argnums=0)  # In place: the restored baseline's rows are not kept.
-def _scatter(rows: list[jax.Array], ids_LxM: jax.Array, values: list[jax.Array]) -> list[jax.Array]:
-  """Each leaf [L, V, ...] with rows `ids_LxM` of each device set to `values` ([L, M, ...]); ids >= V dropped."""
-  put = lambda x, v: jax.vmap(lambda x_1, ids, v_1: x_1.at[ids].set(v_1, mode='drop'))(x, ids_LxM, v)
-  return [put(x, v) for x, v in zip(rows, values)]
-
-
-@jax.jit
-def stamp_rows(row_steps_LxV: jax.Array, rows_LxK: jax.Array, step: jax.Array) -> jax.Array:
-  """`row_steps` with rows `rows_LxK` of each device stamped `step`: rows written outside a step (a priority
-  save's rows over a restored state) that the next differential must hold."""
-  return jax.vmap(lambda r, ids: r.at[ids].set(step, mode='drop'))(row_steps_LxV, rows_LxK)
-
-
-_FINGERPRINT_ROWS = 1 << 16  # Rows of a leaf [L, V, ...] a fingerprint reads at most, evenly spaced.
-
-
-@jax.jit
-def _checksums(leaves: list[jax.Array]) -> list[jax.Array]:
-  """`replicas.checksum` of each leaf; of a leaf of more than `_FINGERPRINT_ROWS` rows, of that many evenly spaced
-  (another seed or initializer changes every row; hashing the whole tables cost a process at Criteo Kaggle's size
-  most of a second of a core at every start from the initial state and every restore over it)."""
-
-  def one(x):
-    if x.ndim >= 2 and x.shape[1] > _FINGERPRINT_ROWS:
-      x = x[:, :: -(-x.shape[1] // _FINGERPRINT_ROWS)]
-    return replicas.checksum(x.reshape(-1, *x.shape[2:]) if x.ndim >= 2 else x)
-
-  return [one(x) for x in leaves]
-
-
-def fingerprint(tree: PyTree) -> dict[str, int]:
-  """{leaf path: checksum} of this process's part of a training tree: whether two trees hold the same values."""
-  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-  sums = jax.device_get(_checksums([x for _, x in flat]))
-  return {jax.tree_util.keystr(path): int(total) for (path, _), total in zip(flat, sums)}
-
-
-def _settings_difference(saved: Mapping[str, Any] | None, here: Mapping[str, Any]) -> str:
-  """The settings of the saving run that differ from this run's, in words (the first few)."""
-  if saved is None:
-    return ''
-  differ = sorted(key for key in set(saved) | set(here) if saved.get(key) != here.get(key))
-  if not differ:
-    return '; no setting differs (another version of the code?)'
-  shown = '; '.join(_one_difference(key, saved.get(key), here.get(key)) for key in differ[:3])
-  more = f' (and {len(differ) - 3} more)' if len(differ) > 3 else ''
-  return f'; settings that differ: {shown}{more}'
-
-
-def _one_difference(key: str, there: Any, here: Any) -> str:
-  """'KEY THERE there, HERE here'; of two lists of one length, their first element that differs."""
-  if isinstance(there, list) and isinstance(here, list) and len(there) == len(here):
-    index = next(i for i, (a, b) in enumerate(zip(there, here)) if a != b)
-    key, there, here = f'{key}[{index}]', there[index], here[index]
-  return f'{key} {_short(there)} there, {_short(here)} here'
-
-
-def _short(value: Any) -> str:
-  text = json.dumps(value)
-  return text if len(text) <= 48 else text[:45] + '...'
-
-
-def _device_rows(array_LxV: jax.Array) -> list[np.ndarray]:
-  """Each local device's row of an [L, V, ...] array on the host, in the order of the leading axis: on a CPU a view
-  of its buffer (not a second [L, V] array assembled)."""
-  shards = sorted(array_LxV.addressable_shards, key=lambda shard: shard.index[0].start or 0)
-  return [np.asarray(shard.data)[0] for shard in shards]
-
-
-def bucket(count: int) -> int:
-  """A padded row count (a power of two from 256): few shapes, so few compiled gathers."""
-  return max(256, 1 << max(0, count - 1).bit_length())
-
-
-class TakenDifferential(NamedTuple):
-  """A differential taken on the devices (`IncrementalCheckpointer.take`), still there."""
-
-  step: int
-  baseline: int
-  changed: list[np.ndarray]  # Each local device's rows changed since the baseline.
-  rows: dict[str, jax.Array]  # Path -> [L, M, ...], the rows of `changed` (zeros past them).
-  dense: dict[str, jax.Array]  # Path -> a copy of the leaf.
-  data: dict[str, Any]
-  identity: dict[str, Any]  # What a restore checks (`IncrementalCheckpointer._identity`).
-
-
-def file_leaves(taken: TakenDifferential) -> dict[str, np.ndarray]:
-  """A taken differential's arrays as its file holds them (copied to the host)."""
-  meta = _meta(taken.step, taken.baseline, taken.changed, taken.data, taken.identity)
-  rows = _cut(jax.device_get(taken.rows), taken.changed)
-  return _leaves(meta, taken.changed, rows, jax.device_get(taken.dense))
-
-
-def _cut(rows: dict[str, np.ndarray], changed: list[np.ndarray]) -> dict[str, list[np.ndarray]]:
-  """Gathered rows ([L, M, ...] by path) as each device's changed ones."""
-  return {
-    path: [values_LxM[local, : len(ids)] for local, ids in enumerate(changed)] for path, values_LxM in rows.items()
-  }
-
-
-def _meta(
-  step: int, baseline: int, changed: list[np.ndarray], data: dict[str, Any], identity: dict[str, Any]
-) -> dict[str, Any]:
-  return {
-    'step': step,
-    'baseline': baseline,
-    'rows_changed': [len(c) for c in changed],
-    'data': {'step': step, **data},
-    **identity,
-  }
-
-
-def _leaves(meta: dict, changed: list[np.ndarray], rows: dict[str, list], dense: dict) -> dict[str, np.ndarray]:
-  """A differential's file: its meta (JSON), the dense leaves, and each device's changed ids and rows (`rows`: by
-  path, each device's)."""
-  leaves = {'meta': np.asarray(json.dumps(meta))}
-  leaves.update({f'dense:{path}': np.asarray(x) for path, x in dense.items()})
-  for path, values in rows.items():
-    for local, values_M in enumerate(values):
-      leaves[f'rows:{local}:{path}'] = np.asarray(values_M)
-  for local, ids in enumerate(changed):
-    leaves[f'ids:{local}'] = np.asarray(ids, np.int32)
-  return leaves
 
 
 class IncrementalCheckpointer:
@@ -250,7 +96,9 @@ class IncrementalCheckpointer:
     self._full, self._meshes, self._initial = full, meshes, initial
     self._during_write = during_write
     self._settings = dict(settings or {})
-    self._initial_sums: dict[str, int] | None = None  # `fingerprint` of the initial state (`note_initial`).
+    self._initial_sums: dict[str, int] | None = (
+      None  # `differentials.fingerprint` of the initial state (`note_initial`).
+    )
     self._rebaseline_fraction, self._keep = rebaseline_fraction, keep
     self.directory = full.directory
     self._differentials = full.directory.parent / 'differentials' / full.directory.name
@@ -316,8 +164,8 @@ class IncrementalCheckpointer:
     self._prune()
     if self._baseline is not None and self._full.saving():
       self._full.wait()  # A differential needs its baseline complete on disk.
-    rows, dense = row_and_dense_leaves(tree)
-    stamps = dict(rows)[_STAMPS]
+    rows, dense = differentials.row_and_dense_leaves(tree)
+    stamps = dict(rows)[differentials.STAMPS]
     whole_bytes, changed = memory.state_bytes(tree), None
     if self._has_baseline():
       changed = self._changed_on_host(stamps)
@@ -342,35 +190,37 @@ class IncrementalCheckpointer:
     """Gathers the `changed` rows of each device out of the row leaves `rows` ([(path, leaf)]) and copies the
     `dense` ones, on the device; hands them to the writer."""
     taken = self._gathered(step, rows, dense, changed, data)
-    meta = _meta(step, self._baseline, changed, data, taken.identity)
+    meta = differentials.meta_of(step, self._baseline, changed, data, taken.identity)
     self._pending = self._writer.submit(self._write, meta, changed, taken.rows, taken.dense)
     return True
 
   def _gathered(
     self, step: int, rows: list, dense: list, changed: list[np.ndarray], data: dict[str, Any]
-  ) -> TakenDifferential:
+  ) -> differentials.TakenDifferential:
     """The `changed` rows of each device gathered out of the row leaves `rows` ([(path, leaf)]) and the `dense`
     leaves copied, on the devices, waited for: they have nothing else to do (the state was waited for), so their
     time is the save's, not the steps' after it. One padded size a power of two: few programs to compile."""
     counts, num_rows = [len(c) for c in changed], rows[0][1].shape[1]
-    ids_LxM = np.full((len(changed), bucket(max(counts))), num_rows, np.int32)
+    ids_LxM = np.full((len(changed), differentials.bucket(max(counts))), num_rows, np.int32)
     for local, ids in enumerate(changed):
       ids_LxM[local, : len(ids)] = ids
     sharding = replicas.replica_sharding(self._meshes.local)
-    values = _gather([x for _, x in rows], jax.device_put(ids_LxM, sharding))
-    copied = _copy(dict(dense))
+    values = differentials.gather([x for _, x in rows], jax.device_put(ids_LxM, sharding))
+    copied = differentials.copy_tree(dict(dense))
     jax.block_until_ready((values, copied))
     row_values = dict(zip([path for path, _ in rows], values))
-    return TakenDifferential(step, self._baseline, changed, row_values, copied, data, self._identity(rows + dense))
+    return differentials.TakenDifferential(
+      step, self._baseline, changed, row_values, copied, data, self._identity(rows + dense)
+    )
 
-  def take(self, step: int, tree: PyTree, **data: Any) -> TakenDifferential | None:
+  def take(self, step: int, tree: PyTree, **data: Any) -> differentials.TakenDifferential | None:
     """This process's `tree` at `step` as a differential over the current baseline, gathered on the devices (its
     rows found from the stamps on the host, which waits for them); None where there is no complete baseline yet.
     A survivor's live state (`live_state`) is kept this way."""
     if not self._has_baseline():
       return None
-    rows, dense = row_and_dense_leaves(tree)
-    return self._gathered(step, rows, dense, self._changed_on_host(dict(rows)[_STAMPS]), data)
+    rows, dense = differentials.row_and_dense_leaves(tree)
+    return self._gathered(step, rows, dense, self._changed_on_host(dict(rows)[differentials.STAMPS]), data)
 
   def read_differential(self, step: int, tree: PyTree, **data: Any) -> dict[str, np.ndarray] | None:
     """This process's `tree` at `step` as a differential's arrays over the current baseline, read from the devices'
@@ -378,28 +228,31 @@ class IncrementalCheckpointer:
     None where there is no complete baseline yet."""
     if not self._has_baseline():
       return None
-    rows, dense = row_and_dense_leaves(tree)
-    changed = self._changed_on_host(dict(rows)[_STAMPS])
-    values = {path: [x_V[ids] for x_V, ids in zip(_device_rows(x), changed)] for path, x in rows}
-    meta = _meta(step, self._baseline, changed, data, self._identity(rows + dense))
-    return _leaves(meta, changed, values, jax.device_get(dict(dense)))
+    rows, dense = differentials.row_and_dense_leaves(tree)
+    changed = self._changed_on_host(dict(rows)[differentials.STAMPS])
+    values = {path: [x_V[ids] for x_V, ids in zip(differentials.device_rows(x), changed)] for path, x in rows}
+    meta = differentials.meta_of(step, self._baseline, changed, data, self._identity(rows + dense))
+    return differentials.file_arrays(meta, changed, values, jax.device_get(dict(dense)))
 
   def _changed_on_host(self, stamps_LxV: jax.Array) -> list[np.ndarray]:
     """Each local device's rows stamped after the baseline, read from its buffer: for Criteo Kaggle's 16.9M rows a
     process, tens of ms of one core, where XLA's `nonzero` on the devices took ~0.3 s."""
-    return [np.flatnonzero(row > self._baseline).astype(np.int32) for row in _device_rows(stamps_LxV)]
+    return [np.flatnonzero(row > self._baseline).astype(np.int32) for row in differentials.device_rows(stamps_LxV)]
 
   def note_initial(self, tree: PyTree) -> None:
-    """`tree` is the initial state this run built (it starts from it): its `fingerprint` goes with the
+    """`tree` is the initial state this run built (it starts from it): its `differentials.fingerprint` goes with the
     differentials over it."""
-    self._initial_sums = fingerprint(tree)
+    self._initial_sums = differentials.fingerprint(tree)
 
   def _identity(self, leaves: list[tuple[str, Any]]) -> dict[str, Any]:
     """What a restore of a differential over the current baseline checks before it lays it over: every leaf's shape
-    and dtype (`leaves`: (path, leaf) of the whole tree), the initial state's `fingerprint` where that is the
+    and dtype (`leaves`: (path, leaf) of the whole tree), the initial state's `differentials.fingerprint` where that
+    is the
     baseline, and the run's settings (to say which differ)."""
     if self._baseline == INITIAL and self._initial_sums is None:
-      self._initial_sums = fingerprint(self._initial())  # Not noted by whoever built it: built again, once.
+      self._initial_sums = differentials.fingerprint(
+        self._initial()
+      )  # Not noted by whoever built it: built again, once.
     return {
       'shapes': {path: checkpointing.shape_of(x) for path, x in leaves},
       'initial': self._initial_sums if self._baseline == INITIAL else None,
@@ -411,7 +264,9 @@ class IncrementalCheckpointer:
     self._held = baseline
 
   def _write(self, meta: dict, changed: list, rows: dict, dense: dict) -> None:
-    leaves = _leaves(meta, changed, _cut(jax.device_get(rows), changed), jax.device_get(dense))
+    leaves = differentials.file_arrays(
+      meta, changed, differentials.cut_rows(jax.device_get(rows), changed), jax.device_get(dense)
+    )
     path = self._differentials / f'{meta["step"]}_{meta["baseline"]}.npz'
     temporary = path.with_suffix('.npz.tmp')
     with open(temporary, 'wb') as file:
@@ -452,8 +307,8 @@ class IncrementalCheckpointer:
     return tree, data
 
   def compose(self, saved: Mapping[str, np.ndarray], abstract: PyTree) -> tuple[PyTree, dict[str, Any]]:
-    """A differential's arrays (its file's, or `file_leaves`') over its baseline, read or rebuilt: (tree, data),
-    placed like `abstract`; the next differential is over the same baseline."""
+    """A differential's arrays (its file's, or `differentials.file_leaves`') over its baseline, read or rebuilt:
+    (tree, data), placed like `abstract`; the next differential is over the same baseline."""
     meta = json.loads(str(saved['meta']))
     baseline = meta['baseline']
     if meta.get('shapes') is not None:  # (Differentials written before 2026-12-06 hold no shapes.)
@@ -464,14 +319,14 @@ class IncrementalCheckpointer:
         self._refuse(meta, differ + ' (another model, sync algorithm, replica or process count)')
     if baseline == INITIAL:
       tree = self._initial_like(abstract)
-      sums = fingerprint(tree)
+      sums = differentials.fingerprint(tree)
       if meta.get('initial') is not None and meta['initial'] != sums:
         leaf = next(path for path, total in sums.items() if meta['initial'].get(path) != total)
         self._refuse(meta, f"its rows go over the initial state of another run ({leaf} differs from this run's)")
       self._initial_sums = sums
     else:
       tree = self._full.restore(baseline, abstract)[0]
-    rows, _ = row_and_dense_leaves(tree)
+    rows, _ = differentials.row_and_dense_leaves(tree)
     row_paths, num_rows = {path for path, _ in rows}, rows[0][1].shape[1]
     flat, structure = jax.tree_util.tree_flatten_with_path(tree)
     paths = [jax.tree_util.keystr(p) for p, _ in flat]
@@ -481,7 +336,7 @@ class IncrementalCheckpointer:
       if i not in row_index:
         leaves[i] = jax.device_put(saved[f'dense:{p}'], x.sharding)
     num_local = len(meta['rows_changed'])
-    ids_LxM = np.full((num_local, bucket(max(meta['rows_changed']))), num_rows, np.int32)
+    ids_LxM = np.full((num_local, differentials.bucket(max(meta['rows_changed']))), num_rows, np.int32)
     values = [np.zeros((num_local, ids_LxM.shape[1], *leaves[i].shape[2:]), leaves[i].dtype) for i in row_index]
     for local in range(num_local):
       ids = saved[f'ids:{local}']
@@ -490,7 +345,7 @@ class IncrementalCheckpointer:
         v[local, : len(ids)] = saved[f'rows:{local}:{paths[i]}']
     sharding = replicas.replica_sharding(self._meshes.local)
     placed = lambda x: jax.device_put(x, sharding)
-    rows = _scatter([leaves[i] for i in row_index], placed(ids_LxM), [placed(v) for v in values])
+    rows = differentials.scatter([leaves[i] for i in row_index], placed(ids_LxM), [placed(v) for v in values])
     for i, x in zip(row_index, rows):
       leaves[i] = jax.device_put(x, leaves[i].sharding)
     self._baseline = baseline
@@ -500,7 +355,8 @@ class IncrementalCheckpointer:
     over = 'the initial state' if meta['baseline'] == INITIAL else f'its baseline of step {meta["baseline"]}'
     raise checkpointing.MismatchError(
       f'The checkpoint at step {meta["step"]} in {self.directory} (a differential over {over}) does not match this '
-      f'run: {what}{_settings_difference(meta.get("settings"), self._settings)}. {checkpointing.START_OVER}'
+      f'run: {what}{differentials.settings_difference(meta.get("settings"), self._settings)}. '
+      f'{checkpointing.START_OVER}'
     )
 
   def _initial_like(self, abstract: PyTree) -> PyTree:

@@ -41,6 +41,7 @@ import numpy as np
 
 from shadowsync_jax.parallel import compilation_cache
 from shadowsync_jax.recovery import checkpointing
+from shadowsync_jax.recovery import differentials
 from shadowsync_jax.recovery import incremental
 
 PyTree = Any
@@ -95,7 +96,7 @@ class LiveKeeper:
       if taken is not None:  # (None: no complete baseline yet; the next boundary tries again.)
         self._copies.put_nowait(taken)
 
-  def _take(self, step: int, tree: PyTree) -> incremental.TakenDifferential | None:
+  def _take(self, step: int, tree: PyTree) -> differentials.TakenDifferential | None:
     """A differential of `tree` taken now, after the block in flight (a stall, where the loop had not waited for it
     already), timed: its time without its compile sets the pace (`max_overhead`)."""
     jax.block_until_ready(tree)
@@ -155,8 +156,8 @@ class LiveKeeper:
   def _to_host(self) -> None:
     while True:
       copy = self._copies.get()
-      if isinstance(copy, incremental.TakenDifferential):
-        step, host = copy.step, incremental.file_leaves(copy)
+      if isinstance(copy, differentials.TakenDifferential):
+        step, host = copy.step, differentials.file_leaves(copy)
         self._differentials.hold(copy.baseline)  # Kept on disk while this copy may be written.
         self._every_s = max(_pace(sum(leaf.nbytes for leaf in host.values())), self._take_s / self._max_overhead)
       else:

@@ -12,6 +12,7 @@
   state_L = driver.finish(state_L)             # ends the rounds (shadow: the round in flight lands, no later one)
   rule = driver.consensus_rule()               # the model to evaluate (docs/design.md §3), read where it lives
   driver.stats()                               # sync_rounds, mean/max sync gap, mean round latency; shadow: the pace
+  driver = driver.restarted(state_L, sync_state_R)  # full recovery: the driver to go on with from a restored pair
 
 The train state `state_L` holds this process's replicas (`meshes.local`); rounds and the consensus run over all
 the job's replicas (`meshes.job`, the same mesh in a one-process job), so the sync state `sync_state_R` is a
@@ -82,6 +83,11 @@ class SyncDriver(Protocol):
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds (`abandon`: at once, the run is failing) and returns the final train state."""
 
+  def restarted(self, state_L: Any, sync_state_R: PyTree | None) -> 'SyncDriver':
+    """The driver to go on with from a restored (`state_L`, `sync_state_R`) (full recovery): this one started
+    again (no thread of its own), or, where a thread and a round in flight belong to the lost run, this one ended
+    and a fresh one like it started (`restarts.RestartedSync`: the stats add up)."""
+
   def consensus_rule(self) -> consensus.Rule:
     """Which model is evaluated (`consensus`): read where it lives, with `sync_state()`."""
 
@@ -135,84 +141,3 @@ def keeps_params(recovery_mode: str) -> bool:
   """`make`'s `keep_params` under `recovery.mode`: whether a failed round must leave the live params (partial
   recovery saves them)."""
   return recovery_mode not in ('none', 'full')
-
-
-def make_driver(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes) -> SyncDriver:
-  """`make` from a whole run config: the form `recovery.emulated` restarts a driver with (it holds the run's config);
-  everything else passes `make` its section."""
-  return make(config.sync, meshes, config.num_replicas, keeps_params(config.recovery.mode))
-
-
-class RestartedSync(hooks.Hook):
-  """A sync driver restarted (by full recovery, from a checkpoint's sync state): delegates to the new driver; its
-  stats count every driver's rounds (the mean gap and latency weighted by rounds)."""
-
-  def __init__(self, driver: Any, previous: Any):
-    self._driver = driver
-    self._previous = (
-      previous._previous + [previous._driver.stats()] if isinstance(previous, RestartedSync) else [previous.stats()]
-    )
-
-  def initial_sync_state(self, state_L: Any) -> PyTree:
-    return self._driver.initial_sync_state(state_L)
-
-  def start(self, state_L: Any, sync_state_R: PyTree) -> None:
-    self._driver.start(state_L, sync_state_R)
-
-  def sync_state(self) -> PyTree:
-    return self._driver.sync_state()
-
-  def settled(self, state_L: Any) -> tuple[Any, PyTree]:
-    return self._driver.settled(state_L)
-
-  def next_due(self, step: int) -> int | None:
-    return self._driver.next_due(step)
-
-  def between_steps(self) -> Any:
-    return self._driver.between_steps()
-
-  def block_carry(self, step: int | None, steps: int) -> Any:
-    return self._driver.block_carry(step, steps)
-
-  def after_block(self, carry: Any) -> None:
-    self._driver.after_block(carry)
-
-  def before_block(self, b: hooks.Boundary) -> None:
-    self._driver.before_block(b)
-
-  def waits_for(self, b: hooks.Boundary) -> bool:
-    return self._driver.waits_for(b)
-
-  def at_boundary(self, b: hooks.Boundary) -> None:
-    self._driver.at_boundary(b)
-
-  def end(self, b: hooks.Boundary) -> None:
-    self._driver.end(b)
-
-  def finish(self, state_L: Any, abandon: bool = False) -> Any:
-    return self._driver.finish(state_L, abandon)
-
-  def consensus_rule(self) -> consensus.Rule:
-    return self._driver.consensus_rule()
-
-  def consensus(self, params_L: PyTree) -> PyTree:
-    return self._driver.consensus(params_L)
-
-  def stats(self) -> dict[str, Any]:
-    """The rounds of every driver, and the rest (a shadow driver's pace) of the current one."""
-    every = self._previous + [self._driver.stats()]
-    rounds = [s['sync_rounds'] for s in every]
-
-    def weighted_mean(key):
-      pairs = [(s[key], n) for s, n in zip(every, rounds) if s[key] is not None and n]
-      total = sum(n for _, n in pairs)
-      return sum(v * n for v, n in pairs) / total if total else None
-
-    gaps = [s['max_sync_gap'] for s in every if s['max_sync_gap'] is not None]
-    return {
-      **every[-1],
-      'sync_rounds': sum(rounds),
-      'mean_sync_gap': weighted_mean('mean_sync_gap'),
-      'max_sync_gap': max(gaps) if gaps else None,
-      'mean_round_latency_s': weighted_mean('mean_round_latency_s'),
-    }

@@ -43,6 +43,13 @@ class _TrainingThreadOnly(hooks.Hook):
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     return state_L
 
+  def restarted(self, state_L: Any, sync_state_R: PyTree) -> '_TrainingThreadOnly':
+    """Itself, started again from a restored (`state_L`, `sync_state_R`) (full recovery): nothing runs beside the
+    training thread to end."""
+    self.finish(state_L, abandon=True)
+    self.start(state_L, sync_state_R)
+    return self
+
   def between_steps(self) -> None:
     return None  # Its rounds, if any, go between blocks.
 

@@ -50,6 +50,7 @@ from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
 from shadowsync_jax.sync import consensus
 from shadowsync_jax.sync import pacing
+from shadowsync_jax.sync import restarts
 from shadowsync_jax.sync import rounds
 
 PyTree = Any
@@ -100,6 +101,8 @@ class ScheduledShadowSync(hooks.Hook):
     probe, whose timed blocks a round's work would stretch: `block_plan.steps_until_chosen`); `pacer`: in place of
     the one `min_interval_s` and `max_overhead` make (a test's fixed gap)."""
     self._algorithm, self._name, self._meshes, self._groups, self._tables = algorithm, name, meshes, groups, tables
+    # What a restart builds its fresh driver from (`fresh`).
+    self._settings = (algorithm, name, meshes, groups, min_interval_s, max_overhead, tables)
     self._first_round_after = first_round_after
     fixed_interval_s = None if min_interval_s == 'auto' else float(min_interval_s)
     self._pacer = pacer or pacing.GapPacer(max_overhead, fixed_interval_s)
@@ -113,6 +116,14 @@ class ScheduledShadowSync(hooks.Hook):
     self._clock = pacing.BlockClock(self._pacer)
     self._gaps = rounds.GapTracker()
     self._placed: dict[tuple[int, ...], jax.Array] = {}
+
+  def fresh(self) -> 'ScheduledShadowSync':
+    """A new driver of this one's settings, not started: a restart's, its first round a step after it."""
+    return ScheduledShadowSync(*self._settings)
+
+  def restarted(self, state_L: Any, sync_state_R: PyTree) -> restarts.RestartedSync:
+    """This driver ended at once and a fresh one started from (`state_L`, `sync_state_R`) (full recovery)."""
+    return restarts.restart(self, state_L, sync_state_R)
 
   def initial_sync_state(self, state_L: Any) -> PyTree:
     return self._init_R(replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes))

@@ -9,7 +9,7 @@ training path, the replicas of the job meeting on the host.
     driver.at_boundary(b)                        # times the blocks (less b.work_s's long ones); raises its error
   state_L = driver.finish(state_L)               # last rounds with every process, then joins the thread
 
-Where the job's processes step apart (`drivers.make_driver`; one process, and jobs whose steps are collectives,
+Where the job's processes step apart (`drivers.make`; one process, and jobs whose steps are collectives,
 fuse their rounds into the blocks: `scheduled`). A round (docs/design.md §3, `algorithms.met_rounds`): the thread
 asks for a snapshot; at its next block boundary, before the next block, the training loop dispatches one program
 that lands the round's lead on the live params (each replica's own part of the round: EA's pull, BMUF's momentum
@@ -56,6 +56,7 @@ from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
 from shadowsync_jax.sync import consensus
 from shadowsync_jax.sync import pacing
+from shadowsync_jax.sync import restarts
 from shadowsync_jax.sync import rounds
 
 PyTree = Any
@@ -117,6 +118,8 @@ class ShadowSync(hooks.Hook):
     compiling block; after 'auto''s probe, whose timed blocks a round's work would stretch and whose choice of K it
     would skew: `block_plan.steps_until_chosen`)."""
     self._name, self._meshes, self._groups, self._tables = name, meshes, groups, tables
+    # What a restart builds its fresh driver from (`fresh`).
+    self._settings = (algorithm, name, meshes, groups, min_interval_s, max_overhead, tables)
     self._first_round_after = first_round_after
     self._first_snapshot_step = first_round_after
     self._pacer = pacing.GapPacer(max_overhead, None if min_interval_s == 'auto' else float(min_interval_s))
@@ -154,6 +157,14 @@ class ShadowSync(hooks.Hook):
     self._host_cost_s = 0.0
     self._first_round_after_s = 0.0
     self._training = threading.Event()  # The training thread has passed `_first_snapshot_step`.
+
+  def fresh(self) -> 'ShadowSync':
+    """A new driver of this one's settings, not started: a restart's, its first round a step after it."""
+    return ShadowSync(*self._settings)
+
+  def restarted(self, state_L: Any, sync_state_R: PyTree) -> restarts.RestartedSync:
+    """This driver ended at once and a fresh one started from (`state_L`, `sync_state_R`) (full recovery)."""
+    return restarts.restart(self, state_L, sync_state_R)
 
   def initial_sync_state(self, state_L: Any) -> PyTree:
     return self._init_R(replicas.to_job(rounds.select(state_L.params, self._groups), self._meshes))

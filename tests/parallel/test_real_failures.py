@@ -17,7 +17,7 @@ import pytest
 
 from shadowsync_jax.parallel import history
 from shadowsync_jax.parallel import launcher
-from shadowsync_jax.recovery import real
+from shadowsync_jax.recovery import schedule
 
 pytestmark = pytest.mark.xdist_group('jobs')  # Jobs of real processes run one at a time (pytest.ini).
 
@@ -349,7 +349,7 @@ def test_full_recovery_calibrates_its_interval_on_a_differential_then_on_the_mea
   calibrations = [r for r in history.read(tmp_path) if r.get('event') == 'calibration']
   assert len(calibrations) >= 2 and all(c['differential'] for c in calibrations), calibrations
   assert [c['saves'] for c in calibrations[1:]] == [
-    real.RECALIBRATE_EVERY * (i + 1) for i in range(len(calibrations) - 1)
+    schedule.RECALIBRATE_EVERY * (i + 1) for i in range(len(calibrations) - 1)
   ], calibrations
   saves = [r for r in history.read(tmp_path) if r.get('event') == 'save']
   assert {r['written'] for r in saves if r['kind'] == 'checkpoint'} == {'differential'}, saves

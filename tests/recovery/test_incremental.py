@@ -17,6 +17,7 @@ from shadowsync_jax.model import step as step_lib
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
+from shadowsync_jax.recovery import differentials
 from shadowsync_jax.recovery import incremental
 from shadowsync_jax.recovery import live_state
 from shadowsync_jax.recovery import modes as recovery_modes
@@ -215,8 +216,8 @@ def test_a_differential_is_refused_over_another_initial_state_or_into_other_shap
       10, checkpointing.abstract_like(narrower)
     )
   _assert_equal(make(copy(initial), {'seed': 3}).restore(10, abstract)[0], tree)  # Settings are only said.
-  assert incremental.fingerprint(initial) != incremental.fingerprint(other_seed)
-  assert incremental.fingerprint(initial) == incremental.fingerprint(jax.tree.map(jnp.copy, initial))
+  assert differentials.fingerprint(initial) != differentials.fingerprint(other_seed)
+  assert differentials.fingerprint(initial) == differentials.fingerprint(jax.tree.map(jnp.copy, initial))
 
 
 def _wait_for(condition, seconds=30.0):

@@ -257,7 +257,7 @@ def test_modelled_incremental_checkpoints_cost_the_share_of_the_rows_changed(tmp
   details = recovery.summary()['recovery']
   assert details['incremental_model'] and recovery.checkpoint_steps == [0, 10, 20, 30]
   fractions = recovery._save_fractions  # pylint: disable=protected-access
-  rows_share = recovery._rows_bytes / recovery._checkpoint_bytes  # pylint: disable=protected-access
+  rows_share = recovery._parts.rows_bytes / recovery._parts.checkpoint_bytes  # pylint: disable=protected-access
   # 30: nothing changed since the baseline of 20, the dense part alone.
   assert fractions[2] == pytest.approx(1 - rows_share) and fractions[1] == 1.0, fractions
   assert fractions[0] == pytest.approx(1 - rows_share + 0.1 * rows_share, abs=0.01 * rows_share), fractions
@@ -476,7 +476,7 @@ def test_the_compiling_block_and_autos_probe_are_not_timed(tmp_path, initial_sta
   several times too short."""
   recovery, _, _ = _unit_recovery(tmp_path, initial_state, 'full', {}, train__steps_per_dispatch=steps_per_dispatch)
   for step in range(1, untimed + 1):
-    recovery._time_block(step, 1, 5.0)  # pylint: disable=protected-access
+    recovery.account.time_block(step, 1, 5.0)
   assert recovery.account.steps == 0 and recovery.account.mean_step_s() is None
-  recovery._time_block(untimed + 16, 16, 0.016)  # pylint: disable=protected-access
+  recovery.account.time_block(untimed + 16, 16, 0.016)
   assert recovery.account.mean_step_s() == pytest.approx(0.001)

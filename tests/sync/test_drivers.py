@@ -199,8 +199,16 @@ def test_the_first_shadow_round_waits_for_the_probe_of_the_k_it_runs():
     waits = block_plan.steps_until_chosen(steps_per_dispatch)
     driver = sync_drivers.make(config.sync, meshes, config.num_replicas, first_round_after=waits)
     assert driver._first_round_after == first_round_after, (algorithm, steps_per_dispatch)  # pylint: disable=protected-access
-    restarted = sync_drivers.make_driver(config, meshes)  # Emulated recovery's, mid-run: no probe.
+    restarted = driver.fresh()  # A restart's (`restarted`), mid-run: no probe.
     assert restarted._first_round_after == 1  # pylint: disable=protected-access
+    assert type(restarted) is type(driver) and restarted._groups == driver._groups  # pylint: disable=protected-access
+
+
+def test_a_driver_without_a_thread_restarts_itself():
+  """Full recovery asks the driver for its restart (`SyncDriver.restarted`): `none`/`sync_sgd` have no thread or
+  round in flight to end, so the driver itself goes on."""
+  driver = foreground.NoSync('none', replicas.make_meshes(1))
+  assert driver.restarted(None, None) is driver
 
 
 def test_no_sync_stats():

@@ -546,7 +546,7 @@ def test_the_first_round_waits_first_round_after_s_and_finish_does_not():
 
 
 def test_no_snapshot_is_handed_over_before_first_round_after_steps_from_each_start():
-  """Under 'auto' (`drivers.make_driver`: `block_plan.steps_until_chosen`) the first snapshot waits for the probe's
+  """Under 'auto' (`drivers.make`: `block_plan.steps_until_chosen`) the first snapshot waits for the probe's
   timed blocks, whose K a round's work would skew; counted from each start (a restarted run probes again). The
   thread asks for it once the loop has passed that step, and the loop's boundaries before it are not cut for rounds
   (`next_due`: the probe's blocks keep their sizes)."""
