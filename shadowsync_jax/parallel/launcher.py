@@ -218,8 +218,10 @@ class Generation:
     return Outcome(codes, self._failure, time.monotonic() - started, list(self._steps), dict(self._times), cpu)
 
   def cpu_s(self) -> list[float]:
-    """CPU seconds each of its processes took so far (a warm standby's: its imports); [] before `prepare`."""
-    return [cpu_time.of_process(process.pid) for process in self._processes]
+    """CPU seconds each of its processes took so far (a warm standby's: its imports); [] before `prepare`. Read on
+    the spawner's thread: a `prepare` under way there (a standby started as the generation before it ended, on a
+    busy machine) is done first, never seen with some of its processes started and some not."""
+    return _spawner().submit(lambda: [cpu_time.of_process(process.pid) for process in self._processes]).result()
 
   def _go(self) -> None:
     """Every waiting process joins the job: one line on its stdin, the environment it starts with."""
