@@ -38,15 +38,12 @@ import numpy as np
 
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.data.batch import Batch
+from shadowsync_jax.gba import run as gba_run
 from shadowsync_jax.gba import server as server_lib
 from shadowsync_jax.gba import step_times
-from shadowsync_jax.metrics import evaluation
-from shadowsync_jax.metrics import progress
-from shadowsync_jax.metrics import writer as metric_writer
 from shadowsync_jax.model import dlrm
 from shadowsync_jax.model import step as step_lib
 from shadowsync_jax.parallel import replicas
-from shadowsync_jax.recovery import checkpointing
 
 
 class WorkerData:
@@ -132,42 +129,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   """Trains `config` (sync.algorithm gba or async_sgd; validated by the caller) in `workdir`, resuming from its
   newest checkpoint (one of sync_sgd's too); returns the summary written to summary.json, with train.py's keys and
   the emulated figures. When `config.train.stop_at_step` stops it early, returns {'stopped_at_step': step}."""
-  wall_start = time.perf_counter()
-  if config.sync.algorithm not in server_lib.ALGORITHMS:
-    raise ValueError(
-      f'sync.algorithm={config.sync.algorithm!r}: the GBA emulation runs {", ".join(server_lib.ALGORITHMS)}.'
-    )
-  workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  mesh = replicas.make_mesh(config.num_replicas)
+  run = gba_run.start(config, workdir, replicas.ReplicaMeshes(mesh, mesh))
+  server, total_steps = run.server, run.total_steps
   num_workers, batch_size = config.num_replicas, config.batch_size
   examples_per_step = num_workers * batch_size
-  total_steps = input_pipeline.num_steps(config.data.num_train_examples, num_workers, batch_size)
-  stop_step = min(config.train.stop_at_step or total_steps, total_steps)
-
-  state = step_lib.init_from_config(config.seed, config.model, config.optimizer, config.data.cardinalities)
-  mesh = replicas.make_mesh(num_workers)
-  checkpointer = checkpointing.Checkpointer(
-    workdir / 'checkpoints', replicas.ReplicaMeshes(mesh, mesh), config.train.checkpoint_every_steps
-  )
-  state, start_step = server_lib.resume(checkpointer, state, mesh, workdir, total_steps)
-  train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
   times = step_times.WorkerStepTimes.sample(config.gba, num_workers, total_steps, config.seed)
   gradient_fn = jax.jit(step_lib.make_gradient_fn(dlrm.from_config(config.model), list(config.data.cardinalities)))
-  server = server_lib.Server(state, config.sync.algorithm, num_workers, config.gba, config.optimizer)
   emulation = Emulation(
-    server, WorkerData(train_source, num_workers, batch_size, total_steps), times, gradient_fn, start_step
+    server, WorkerData(run.train_source, num_workers, batch_size, total_steps), times, gradient_fn, run.start_step
   )
-  writer = metric_writer.MetricWriter(workdir)
-  progress_line = progress.ProgressLine(total_steps, examples_per_step, every_seconds=config.train.progress_every_s)
-  clock = _RealClock(start_step)
+  clock = _RealClock(run.start_step)
   logged = {'global_step': server.global_step, 'emulated_s': 0.0, 'real_s': time.perf_counter(), 'gradients': 0}
 
   def after_arrivals():
     clock.after_arrivals(emulation)
-    progress_line.update(min(server.global_step, total_steps))
+    run.progress_line.update(min(server.global_step, total_steps))
     if server.global_step - logged['global_step'] >= config.train.log_every_steps and emulation.losses:
       now, steps = time.perf_counter(), server.global_step - logged['global_step']
-      writer.write_scalars(
+      run.writer.write_scalars(
         server.global_step,
         {
           'train_loss': float(np.mean(jax.device_get(emulation.losses))),
@@ -181,37 +161,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         global_step=server.global_step, emulated_s=emulation.now, real_s=now, gradients=len(server.staleness)
       )
 
-  boundaries = checkpointer.boundaries(start_step, stop_step)
-  for boundary in boundaries:
+  for boundary in gba_run.segments(run):
     emulation.run_until(boundary, after_arrivals)
-    checkpointer.save(boundary, checkpointing.training_tree(replicas.replicate(server.state, mesh), None))
   jax.block_until_ready(server.state)
   real_seconds = clock.seconds(emulation)
-  checkpointer.close()
-  progress_line.finish()
-  if stop_step < total_steps:
-    writer.close()
-    print(f'Stopped at step {stop_step} of {total_steps}; rerun with the same workdir to resume.')
-    return {'stopped_at_step': stop_step}
 
-  predict = evaluation.one_model(config.model, config.data.cardinalities, server.state.params)
-  eval_metrics = evaluation.evaluate(predict, eval_source, config.train.eval_batch_size)
-  trained_examples = (total_steps - start_step) * examples_per_step
-  sync_time_s = times.sync_time_s(start_step, total_steps)
-  examples_per_sec = clock.examples_per_sec(batch_size)
-  summary = server_lib.server_summary(
-    eval_metrics,
-    server,
-    start_step,
-    [examples_per_sec],
-    emulation.lost_tokens,
-    algorithm=config.sync.algorithm,
-    num_workers=num_workers,
-    batch_size=batch_size,
-    total_steps=total_steps,
-  )
-  summary.update(
-    {
+  def emulated_figures() -> dict[str, Any]:
+    trained_examples = (total_steps - run.start_step) * examples_per_step
+    sync_time_s = times.sync_time_s(run.start_step, total_steps)
+    return {
       'real_time_s': real_seconds,
       'net_bytes_sent': [None],  # One process: nothing crosses a network.
       'net_bytes_received': [None],
@@ -219,14 +177,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       'emulated_examples_per_sec': float(trained_examples / emulation.now) if emulation.now > 0 else None,
       'sync_sgd_emulated_time_s': sync_time_s,
       'sync_sgd_emulated_examples_per_sec': trained_examples / sync_time_s if sync_time_s > 0 else None,
-      'wall_time_s': time.perf_counter() - wall_start,
-      'config': config.to_dict(),
     }
-  )
-  writer.write_scalars(total_steps, {f'eval_{k}': v for k, v in eval_metrics.items() if isinstance(v, (int, float))})
-  writer.close()
-  metric_writer.write_summary(workdir, summary)
-  return summary
+
+  examples_per_sec = lambda: [clock.examples_per_sec(batch_size)]
+  return gba_run.finish(run, server.state.params, examples_per_sec, emulation.lost_tokens, more=emulated_figures)
 
 
 class _RealClock:

@@ -39,17 +39,14 @@ import ml_collections
 import numpy as np
 
 from shadowsync_jax.data import input_pipeline
+from shadowsync_jax.gba import run as gba_run
 from shadowsync_jax.gba import server as server_lib
 from shadowsync_jax.gba import step_times
-from shadowsync_jax.metrics import evaluation
-from shadowsync_jax.metrics import progress
-from shadowsync_jax.metrics import writer as metric_writer
 from shadowsync_jax.model import dlrm
 from shadowsync_jax.model import step as step_lib
 from shadowsync_jax.parallel import network
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.parallel import straggler
-from shadowsync_jax.recovery import checkpointing
 
 PyTree = Any
 _POLL_S = 0.05  # How often a waiting thread checks for an error or a stop.
@@ -291,44 +288,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   """Trains `config` (gba or async_sgd, validated by the caller) as every process of the job, resuming from the
   newest checkpoint in `workdir` (one of sync_sgd's too); returns the summary (process 0 writes summary.json), or
   {'stopped_at_step': step} when `config.train.stop_at_step` stops it early."""
-  wall_start = time.perf_counter()
   traffic = network.TrafficCounter()  # Bytes this process puts on the wire (null on 127.0.0.1).
-  workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
   num_processes, process_index = jax.process_count(), jax.process_index()
   num_workers, batch_size = config.num_replicas, config.batch_size
   num_local = num_workers // num_processes
   workers = range(process_index * num_local, (process_index + 1) * num_local)
-  total_steps = input_pipeline.num_steps(config.data.num_train_examples, num_workers, batch_size)
-  stop_step = min(config.train.stop_at_step or total_steps, total_steps)
-
-  state = step_lib.init_from_config(config.seed, config.model, config.optimizer, config.data.cardinalities)
-  meshes = replicas.make_meshes(num_workers)
-  checkpointer = checkpointing.Checkpointer(workdir / 'checkpoints', meshes, config.train.checkpoint_every_steps)
-  state, start_step = server_lib.resume(checkpointer, state, meshes.local, workdir, total_steps)
-  train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
+  # The training loop may still read replaced params: no donation.
+  run = gba_run.start(config, workdir, replicas.make_meshes(num_workers), donate=False)
+  server, start_step, total_steps = run.server, run.start_step, run.total_steps
   batches = input_pipeline.train_batches(
-    train_source, num_workers, batch_size, config.data.num_train_examples, start_step=start_step, replicas=workers
+    run.train_source, num_workers, batch_size, config.data.num_train_examples, start_step=start_step, replicas=workers
   )
   fails_RxK = step_times.WorkerStepTimes.sample(config.gba, num_workers, total_steps, config.seed).fails_RxK
   gradient_fn = make_local_gradient_fn(config.model, config.data.cardinalities)
-  example_batch = input_pipeline.read_global_batch(train_source, num_workers, batch_size, 0, replicas=workers)
+  example_batch = input_pipeline.read_global_batch(run.train_source, num_workers, batch_size, 0, replicas=workers)
   codec = Codec(
-    StepGradients(0, 0, np.zeros(num_local, bool), *jax.eval_shape(gradient_fn, state.params, example_batch)),
+    StepGradients(0, 0, np.zeros(num_local, bool), *jax.eval_shape(gradient_fn, server.state.params, example_batch)),
     capacity=config.gba.max_in_flight_steps,
   )  # At most that many steps wait in the outbox.
-  # The training loop may still read replaced params: no donation.
-  server = server_lib.Server(state, config.sync.algorithm, num_workers, config.gba, config.optimizer, donate=False)
-  writer = metric_writer.MetricWriter(workdir, enabled=process_index == 0)
-  progress_line = progress.ProgressLine(
-    total_steps, num_workers * batch_size, every_seconds=config.train.progress_every_s
-  )
   delay = straggler.from_config(config.straggler, process_index)
 
   step, rounds, lost_tokens = start_step, 0, 0
   warm, busy_s, busy_steps, window = False, 0.0, 0, (time.perf_counter(), step)
-  boundaries = checkpointer.boundaries(start_step, stop_step)
-  for boundary in boundaries:
+  for boundary in gba_run.segments(run):
     exchange = GradientExchange(server, codec, config.gba.max_in_flight_steps)
     exchange.start()
     try:
@@ -352,10 +334,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
           busy_steps += 1
         else:
           segment_start = time.perf_counter()  # Not yet a step of its pace (nothing timed).
-        progress_line.update(step)
+        run.progress_line.update(step)
         if step % config.train.log_every_steps == 0 and exchange.losses:
           now = time.perf_counter()
-          writer.write_scalars(
+          run.writer.write_scalars(
             step,
             {
               'train_loss': float(np.mean(exchange.losses)),
@@ -372,45 +354,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       exchange.abandon()
       raise
     rounds, lost_tokens = rounds + exchange.rounds, lost_tokens + exchange.lost_tokens
-    checkpointer.save(boundary, checkpointing.training_tree(replicas.replicate(server.state, meshes.local), None))
-  checkpointer.close()
-  progress_line.finish()
-  if stop_step < total_steps:
-    writer.close()
-    print(f'Stopped at step {stop_step} of {total_steps}; rerun with the same workdir to resume.')
-    return {'stopped_at_step': stop_step}
 
   params = jax.tree.map(np.asarray, server.state.params)
-  predict = evaluation.one_model(config.model, config.data.cardinalities, params)
-  eval_metrics = evaluation.evaluate(predict, eval_source, config.train.eval_batch_size)
   local_examples_per_sec = busy_steps * num_local * batch_size / busy_s if busy_s > 0 else 0.0
-  examples_per_sec_per_process = [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]
-  straggler_figures = straggler.summary(delay, config.straggler.process)
-  net_bytes_sent, net_bytes_received = (network.per_process(count) for count in traffic.bytes())
-  summary = server_lib.server_summary(
-    eval_metrics,
-    server,
-    start_step,
-    examples_per_sec_per_process,
-    lost_tokens,
-    algorithm=config.sync.algorithm,
-    num_workers=num_workers,
-    batch_size=batch_size,
-    total_steps=total_steps,
-  )
-  summary.update(
-    {
+
+  def job_figures() -> dict[str, Any]:
+    net_bytes_sent, net_bytes_received = (network.per_process(count) for count in traffic.bytes())
+    return {
       'net_bytes_sent': net_bytes_sent,  # Per process; null on 127.0.0.1 (parallel/network.py).
       'net_bytes_received': net_bytes_received,
       'consensus_fingerprint_per_process': replicas.fingerprints_per_process(params),
-      **straggler_figures,  # straggler_sleep_s, straggler_step_s
+      **straggler.summary(delay, config.straggler.process),  # straggler_sleep_s, straggler_step_s
       'exchange_rounds': rounds,
-      'wall_time_s': time.perf_counter() - wall_start,
-      'config': config.to_dict(),
     }
-  )
-  writer.write_scalars(total_steps, {f'eval_{k}': v for k, v in eval_metrics.items() if isinstance(v, (int, float))})
-  writer.close()
-  if process_index == 0:
-    metric_writer.write_summary(workdir, summary)
-  return summary
+
+  examples_per_sec = lambda: [float(x) for x in replicas.gather_from_processes(local_examples_per_sec)]
+  return gba_run.finish(run, params, examples_per_sec, lost_tokens, more=job_figures)
