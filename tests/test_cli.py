@@ -171,30 +171,31 @@ def test_a_workdir_of_another_run_is_one_line_with_exit_status_3(tmp_path):
 _TINY_CARDINALITIES = (50,) * 26
 
 
-@pytest.mark.parametrize(
-  'changed, differs',
-  [
-    ('--config.seed=1', "initial state of another run (['train'].params['embedding'] differs"),
-    (f'--config.data.cardinalities={(*_TINY_CARDINALITIES[:-1], 40)}', 'data.cardinalities[25] 50 there, 40 here'),
-    ('--config.model.top_mlp=[32,1]', "['train'].params['mlp']['top']['Dense_0']['bias'] is [[1, 16], 'float32']"),
-  ],
-)
-def test_an_incremental_checkpoint_is_refused_by_a_run_it_cannot_be_restored_into_exactly(tmp_path, changed, differs):
+_REFUSED_CHANGES = [  # A change to the run, and what the refusal names.
+  ('--config.seed=1', "initial state of another run (['train'].params['embedding'] differs"),
+  (f'--config.data.cardinalities={(*_TINY_CARDINALITIES[:-1], 40)}', 'data.cardinalities[25] 50 there, 40 here'),
+  ('--config.model.top_mlp=[32,1]', "['train'].params['mlp']['top']['Dense_0']['bias'] is [[1, 16], 'float32']"),
+]
+
+
+def test_an_incremental_checkpoint_is_refused_by_a_run_it_cannot_be_restored_into_exactly(tmp_path):
   """A differential lays the rows it saved over the initial state this run rebuilds: over another one (another
   seed: every row the first run never touched would hold the new seed's values) or into other shapes, the run says
-  what differs in one line (exit status 3) before it trains or says it resumed."""
+  what differs in one line (exit status 3) before it trains or says it resumed; and leaves the workdir as it was
+  (each change below meets the same checkpoint)."""
   # A differential at step 4 (the tiny tables' rows nearly all change in 4 steps: kept from becoming a baseline).
   incremental = ('--config.recovery.incremental=true', '--config.recovery.rebaseline_fraction=1000')
   first = _run('experiments.train', f'--workdir={tmp_path}', TINY, *incremental, '--config.train.stop_at_step=4')
   assert first.returncode == 0, first.stderr[-2000:]
-  result = _run('experiments.train', f'--workdir={tmp_path}', TINY, *incremental, changed)
-  assert result.returncode == 3, result.stderr[-2000:]
-  assert 'Traceback' not in result.stderr and 'Resumed' not in result.stdout + result.stderr, result.stderr[-2000:]
-  errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
-  assert len(errors) == 1 and '(a differential over the initial state) does not match this run' in errors[0]
-  assert differs in errors[0] and errors[0].endswith(
-    'Use a new workdir, or delete that checkpoint directory to start over.'
-  )
+  for changed, differs in _REFUSED_CHANGES:
+    result = _run('experiments.train', f'--workdir={tmp_path}', TINY, *incremental, changed)
+    assert result.returncode == 3, (changed, result.stderr[-2000:])
+    assert 'Traceback' not in result.stderr and 'Resumed' not in result.stdout + result.stderr, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
+    assert len(errors) == 1 and '(a differential over the initial state) does not match this run' in errors[0]
+    assert differs in errors[0] and errors[0].endswith(
+      'Use a new workdir, or delete that checkpoint directory to start over.'
+    )
 
 
 @pytest.mark.parametrize('module', ['experiments.coordinator', 'experiments.launch'])

@@ -78,11 +78,35 @@ def write(
   return out
 
 
+LEFT_IN_THE_FILE = '*Each run, and the raw figures: in the result file.*'
+
+
 def shown_in_docs(result_text: str) -> str:
-  """What a docs page shows of a result file: everything between its title and the raw summaries (the command,
-  the note, the table), but where its runs were."""
+  """What a docs page shows of a result file: what lies between its title and the raw summaries (the command, the
+  note, the tables), but where its runs were, and the detail a page has no room for: a table right after a table
+  (each run of the one before), and code blocks (figures for programs) with the line that introduces them; a line
+  says they are in the file (`LEFT_IN_THE_FILE`)."""
   body = result_text.split('\n\n', 1)[1].split('<details>', 1)[0]
-  kept = [part for part in body.split('\n\n') if part.strip() and not part.startswith('Runs in ')]
+  parts, fence = [], None  # Blank-line separated parts, a code block (which may hold blank lines) kept whole.
+  for part in body.split('\n\n'):
+    if fence is not None:
+      parts[-1] += '\n\n' + part
+      fence = None if part.count('```') % 2 else fence
+    else:
+      parts.append(part)
+      fence = part if part.startswith('```') and part.count('```') % 2 else None
+  kept, left_out = [], False
+  for part in parts:
+    if not part.strip() or part.startswith('Runs in '):
+      continue
+    if part.startswith('```') or (part.startswith('|') and kept and kept[-1].startswith('|')):
+      left_out = True
+      if part.startswith('```') and kept and kept[-1].rstrip().endswith(':'):
+        kept.pop()  # The line that introduces the code block.
+      continue
+    kept.append(part)
+  if left_out:
+    kept.append(LEFT_IN_THE_FILE)
   return '\n\n'.join(kept).strip() + '\n'
 
 
