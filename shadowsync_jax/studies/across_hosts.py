@@ -31,6 +31,7 @@ from typing import Any
 from shadowsync_jax.parallel import supervisor
 from shadowsync_jax.studies import bracketed
 from shadowsync_jax.studies import jobs
+from shadowsync_jax.studies import result_files
 from shadowsync_jax.studies import spread
 
 ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'shadow_ma', 'shadow_ea', 'shadow_bmuf')
@@ -179,4 +180,29 @@ def note(order: list[str], num_train_examples: int | None, max_overhead: float |
     "run's); eval NE: the same over the row's runs, all of seed 0 (they differ by timing alone), its gap to sync_sgd "
     'from the mean; rounds, gap, pace and bytes: the row\'s first run. "sent per step": the bytes a host\'s interface '
     'sent, per training step, mean of the hosts.'
+  )
+
+
+def headline(path: str) -> str:
+  """The result file's one-sentence reading (`headlines`): `sync_sgd`'s and `fr_ma`'s pace at the slowest link, what
+  the shadow algorithms keep at every link, their NE and rounds."""
+  rows = result_files.rows(path)
+  profiles = list(dict.fromkeys(key.split(' at ')[1] for key in rows))
+  slow = profiles[-1]
+  ratio = lambda algorithm, profile: rows[f'{algorithm} at {profile}']['vs_none_paired']
+  shadows = [k for k in rows if k.startswith('shadow_')]
+  kept = [rows[k]['vs_none_paired'] for k in shadows]
+  gaps = [  # A row's mean over its runs, as its table shows it.
+    abs(
+      100 * (rows[k].get('eval_ne_mean', rows[k]['eval_ne']) / rows[f'sync_sgd at {k.split(" at ")[1]}']['eval_ne'] - 1)
+    )
+    for k in shadows
+    if f'sync_sgd at {k.split(" at ")[1]}' in rows
+  ]
+  rounds = [n for k in shadows for n in rows[k]['sync_rounds_per_run']]
+  return (
+    f"at {slow} `sync_sgd` runs at {ratio('sync_sgd', slow):.2f} of `none`'s examples/sec and `fr_ma` at "
+    f'{ratio("fr_ma", slow):.2f}; the shadow algorithms keep {min(kept):.2f}-{max(kept):.2f} at every link '
+    f"(each run read against the `none` runs beside it), their NE within {max(gaps):.2f}% of `sync_sgd`'s (row means), "
+    f'{min(rounds)}-{max(rounds)} rounds a run (one seed)'
   )

@@ -22,6 +22,7 @@ from typing import Any
 import ml_collections
 
 from shadowsync_jax import train
+from shadowsync_jax.studies import result_files
 from shadowsync_jax.studies import spread
 
 MODES = ('none', 'full', 'partial', 'cpr_mfu', 'cpr_ssu', 'cpr')
@@ -209,3 +210,23 @@ def table(rows: list[dict[str, Any]]) -> str:
   if reference is not None and reference.get('bayes_ne'):
     settings.append(f'Bayes NE floor {reference["bayes_ne"]:.4f}' + (f' (seed {seeds[0]})' if len(seeds) > 1 else ''))
   return '\n'.join(lines) + '\n\n' + '; '.join(settings) + '.'
+
+
+def headline(path: str) -> str:
+  """The result file's one-sentence reading (`headlines`): full recovery's overhead, the partial modes' shares of it
+  on the same seed, the NE (mean and range over the seeds)."""
+  rows = result_files.rows(path)
+  modes = by_mode(rows)
+  seeds = len(modes['full']['seeds'])
+  shares = {k: modes[k] for k in ('partial', 'cpr_mfu', 'cpr_ssu', 'cpr') if k in modes}
+  ne = [abs(v) for m in shares.values() for v in m['ne_vs_reference_pct_range']]
+  span = lambda m, key, unit='': (
+    f'{m[key]:.2f}{unit}'
+    + (f' ({m[key + "_range"][0]:.2f}{unit} to {m[key + "_range"][1]:.2f}{unit})' if seeds > 1 else '')
+  )
+  return (
+    f"emulated failures, {seeds} seed{'s' if seeds != 1 else ''}: full recovery's overhead "
+    f'{span(modes["full"], "overhead_pct", "%")}; '
+    + ', '.join(f'`{mode}` {span(m, "overhead_vs_full")}' for mode, m in shares.items())
+    + f" of it on the same seed; NE within {max(ne):.3f}% of the failure-free run's"
+  )

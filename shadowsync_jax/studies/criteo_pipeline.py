@@ -19,6 +19,7 @@ in a job of two (one replica each), so that reading is compared with training in
 from collections.abc import Sequence
 import os
 import pathlib
+import re
 import shutil
 import time
 from typing import Any
@@ -36,6 +37,7 @@ from shadowsync_jax.data.prepared import builder
 from shadowsync_jax.data.prepared import manifest
 from shadowsync_jax.data.prepared import source as prepared_source
 from shadowsync_jax.studies import jobs
+from shadowsync_jax.studies import result_files
 
 DAYS = 7  # Kaggle's layout: days 1-6 train, day 7 held out.
 PREPARE_TARGET = 100_000  # rows/s per core (issue 20).
@@ -241,3 +243,16 @@ def measure_training(
   config.train.checkpoint_every_s = 0.0
   config_lib.validate(config, num_devices=None)
   return train.train_and_evaluate(config, workdir)
+
+
+def headline(path: str) -> str:
+  """The result file's one-sentence reading (`headlines`): preparing's pace a core, and reading's with two processes
+  against a replica's training pace."""
+  text = (result_files.REPO_ROOT / path).read_text()
+  prepare = re.search(r'preparing, uncompressed \| [^|]+\| ([\d,]+) rows/s per core', text).group(1)
+  read = re.search(r'2 processes x 1 replica x 256 \| ([\d,]+) examples/s per process', text).group(1)
+  train_pace = re.search(r'2 processes x 1 replica x 256, [\d,]+ examples \|[^|]+\|[^|]+\| (\d+)x', text).group(1)
+  return (
+    f'prepares {prepare} rows/s per core; reads {read} examples/s per process with two processes (one replica '
+    f"each), {train_pace}x a replica's training pace"
+  )

@@ -21,8 +21,10 @@ import ml_collections
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.studies import baselines
+from shadowsync_jax.studies import result_files
 
 FLOOR = 'Bayes floor (true probabilities)'
+TARGET = 3.0  # The DLRM's NE above the Bayes floor, % (the headline's target).
 
 
 def one_seed(
@@ -84,4 +86,19 @@ def note(
     f'{summaries[seeds[0]]["train_examples"]:,} training examples, {base.data.num_eval_examples:,} held out; '
     f'logistic regression fitted on the first {num_lr:,}. The DLRM trained at {speeds} examples/sec '
     f'(seconds end to end), seed by seed.'
+  )
+
+
+def headline(path: str) -> str:
+  """The result file's one-sentence reading (`headlines`): the DLRM's NE above the floor over the seeds, against
+  `TARGET`, and dense-only regression's."""
+  ne = result_files.rows(path)['eval_ne']
+  gaps = lambda label: [100 * (by_seed[label] / by_seed[FLOOR] - 1) for by_seed in ne.values()]
+  dlrm = gaps('DLRM (experiments.train, default config)')
+  regression = gaps('logistic regression, dense features only')
+  return (
+    f'over {len(dlrm)} seeds the DLRM lands {statistics.fmean(dlrm):.2f}% above the Bayes NE floor on average '
+    f'({min(dlrm):.1f}% to {max(dlrm):.1f}%; target {TARGET:g}%: '
+    f'{result_files.verdict(-max(dlrm), -min(dlrm), -TARGET)}); dense-only regression '
+    f'{statistics.fmean(regression):.2f}% above it'
   )

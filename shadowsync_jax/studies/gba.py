@@ -21,6 +21,7 @@ The hyperparameters are the synchronous run's, as in the GBA paper: `tune_learni
 from collections.abc import Sequence
 import copy
 import pathlib
+import statistics
 from typing import Any
 
 import ml_collections
@@ -28,6 +29,7 @@ import ml_collections
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.gba import step_times
+from shadowsync_jax.studies import result_files
 
 ALGORITHMS = ('sync_sgd', 'async_sgd', 'gba')
 
@@ -198,3 +200,25 @@ def mean_table(rows_by_seed: dict[int, list[dict[str, Any]]]) -> str:
       f'{sum(speedups) / len(seeds):.2f}x |'
     )
   return '\n'.join(lines)
+
+
+def headline(path: str) -> str:
+  """The result file's one-sentence reading (`headlines`): `gba`'s NE against `sync_sgd`'s with the same
+  hyperparameters, without and with stragglers, and its emulated speed under them."""
+  rows = result_files.rows(path)
+  slow_prob = max(r['straggler_prob'] for r in rows)
+  seeds = sorted({r['seed'] for r in rows})
+  pick = lambda algorithm, prob: {
+    r['seed']: r for r in rows if r['sync_algorithm'] == algorithm and r['straggler_prob'] == prob
+  }
+  gaps, speed = [], []
+  for prob in (0.0, slow_prob):
+    sync, gba = pick('sync_sgd', prob), pick('gba', prob)
+    gaps += [100 * (gba[s]['eval_ne'] / sync[s]['eval_ne'] - 1) for s in seeds]
+    if prob:
+      speed = [gba[s]['emulated_examples_per_sec'] / sync[s]['emulated_examples_per_sec'] for s in seeds]
+  return (
+    f"over {len(seeds)} seeds `gba`'s NE is within {max(abs(g) for g in gaps):.2f}% of `sync_sgd`'s with the same "
+    f'hyperparameters, without and with stragglers, and runs {statistics.fmean(speed):.2f}x its emulated speed '
+    'under stragglers'
+  )

@@ -47,10 +47,13 @@ from shadowsync_jax.data import input_pipeline
 from shadowsync_jax.parallel import launcher
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.studies import jobs
+from shadowsync_jax.studies import result_files
 
 TARGET_LOOP_SHARE = 0.9  # (b) >= 0.9 (a) (issue 42).
 TARGET_CEILING = 5_000_000  # (c) >= 5M examples/s for the synthetic stream,
 TARGET_CEILING_PREPARED = 2_000_000  # >= 2M for prepared Criteo data, a process.
+# The headline's targets (the loop's share of its step alone; the ceilings of the synthetic stream, prepared data).
+TARGET = {'share': TARGET_LOOP_SHARE, 'ceiling': TARGET_CEILING, 'ceiling_prepared': TARGET_CEILING_PREPARED}
 _DEVICE_BLOCKS = 64  # Blocks (a) places on the device, and cycles.
 
 
@@ -346,3 +349,35 @@ def _job_row(algorithm: str, runs: list[dict[str, Any]], num_train_examples: int
     'no_work_examples_per_sec_median': None,
     'backend': jax.default_backend(),
   }
+
+
+def headline(path: str) -> str:
+  """The result file's one-sentence reading (`headlines`): the loop's share of its step alone, config by config, and
+  what a step that does no work is fed, against `TARGET`."""
+  rows = result_files.rows(path)
+  shares = []
+  for name, row in rows.items():
+    low, high = row['loop_share_range']
+    what = f'the {name} config'
+    if name.startswith('job'):
+      what = f'{JOB_PROCESSES} processes x {JOB_DEVICES} devices with {row["algorithm"]}'
+    shares.append(
+      f'{row["loop_share_median"]:.2f} ({low:.2f} to {high:.2f}) for {what} (target {TARGET["share"]:g}: '
+      f'{result_files.verdict(low, high, TARGET["share"])})'
+    )
+  ceilings = {False: [], True: []}  # By whether the source is prepared data (its own target).
+  for row in rows.values():
+    if row['no_work_examples_per_sec_median'] is not None:  # None: a job, whose ceiling is not timed.
+      ceilings[row.get('source') == 'prepared'].append(row['no_work_examples_per_sec_median'])
+  fed = []
+  for prepared, figures in ceilings.items():
+    if figures:
+      goal = TARGET['ceiling_prepared' if prepared else 'ceiling']
+      what = 'prepared data' if prepared else 'the synthetic stream'
+      span = f'{min(figures):,.0f}' if len(figures) == 1 else f'{min(figures):,.0f} to {max(figures):,.0f}'
+      verdict = result_files.verdict(min(figures), max(figures), goal)
+      fed.append(f'{span} examples/s of {what} (target {goal / 1e6:g}M: {verdict})')
+  return (
+    f'one replica, the whole loop at {", ".join(shares)} of its own step alone; with a step that does no work it '
+    f'feeds {" and ".join(fed)}'
+  )

@@ -36,6 +36,7 @@ from typing import Any
 from shadowsync_jax.parallel import history
 from shadowsync_jax.recovery import overhead
 from shadowsync_jax.studies import jobs
+from shadowsync_jax.studies import result_files
 from shadowsync_jax.studies import spread
 
 
@@ -86,6 +87,9 @@ ROW_FILE = 'study_row.json'  # A run's row, written when it ended: a study stopp
 
 
 WHOLE = ':whole'  # A mode's suffix: its checkpoints whole (`recovery.incremental=false`), at the same kill times.
+# The headline's: cpr_mfu/ssu's share of full recovery's checkpoint-related overhead, a run's mean restart (s), a
+# run's NE against the reference's (%).
+TARGET = {'vs_full': 0.2, 'restart_s': 2.0, 'ne_pct': 0.1}
 
 
 def mode_flags(mode: str) -> list[str]:
@@ -317,3 +321,39 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def _seconds(value: float | None) -> str:
   return '' if value is None else f'{value:.2f}'
+
+
+def headline(path: str) -> str:
+  """The result file's one-sentence reading (`headlines`): full recovery's checkpoint-related overhead, each mode's
+  share of it (same seed), the restarts, the NE (its targets: `TARGET`)."""
+  rows = result_files.rows(path)
+  modes, runs = by_mode(rows), rows[1:]
+  full = modes['full']
+  shares = {mode: m['checkpoint_overhead_vs_full'] for mode, m in modes.items() if mode not in ('full', 'full:whole')}
+  cpr_high = max(modes[m]['checkpoint_overhead_vs_full_range'][1] for m in ('cpr_mfu', 'cpr_ssu') if m in modes)
+  cpr_low = min(modes[m]['checkpoint_overhead_vs_full_range'][0] for m in ('cpr_mfu', 'cpr_ssu') if m in modes)
+  restarts = [s for r in runs for s in restart_seconds(r)]  # A run's mean restart, run by run.
+  ne = [abs(r['ne_vs_reference_pct']) for r in runs]
+  seeds = len(full['kill_seeds'])
+  return (
+    f"killed processes, {seeds} kill seed{'s' if seeds != 1 else ''}: full recovery's checkpoint-related overhead "
+    f"{full['checkpoint_overhead_pct']:.2f}% of the steps' time"
+    + (
+      f' ({modes["full:whole"]["checkpoint_overhead_pct"]:.2f}% with whole checkpoints at the same kill times)'
+      if 'full:whole' in modes
+      else ''
+    )
+    + '; '
+    + ', '.join(f'`{mode}` {share:.2f}' for mode, share in shares.items())
+    + f' of it on the same seed (cpr_mfu/ssu target {TARGET["vs_full"]:g}: '
+    f'{result_files.verdict(cpr_low, cpr_high, TARGET["vs_full"], higher_is_better=False)}); a restart '
+    f'{min(restarts):.2f}-{max(restarts):.2f} s (target {TARGET["restart_s"]:g} s on average a run: '
+    f'{result_files.runs_verdict(restarts, TARGET["restart_s"])} runs)'
+    f"; NE within {max(ne):.3f}% of the failure-free run's (target {TARGET['ne_pct']:g}% a run: "
+    f'{result_files.runs_verdict(ne, TARGET["ne_pct"])} runs)'
+  )
+
+
+def kaggle_headline(path: str) -> str:
+  """`headline` of a result file at Kaggle size (`SIZES['kaggle']`), which says so."""
+  return 'at Criteo Kaggle size: ' + headline(path)

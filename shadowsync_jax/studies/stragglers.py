@@ -22,9 +22,11 @@ from typing import Any
 from shadowsync_jax import config as config_lib
 from shadowsync_jax.parallel import supervisor
 from shadowsync_jax.studies import jobs
+from shadowsync_jax.studies import result_files
 from shadowsync_jax.studies import spread
 
 REPEATS = 3  # Runs of each pair: one run a row could not tell a slow run from noise (one read 0.70 with no coupling).
+TARGET = 0.95  # The headline's: the fast process's examples/sec beside a straggler, of its own.
 
 
 def run_job(
@@ -147,4 +149,28 @@ def note(slowdown: float, pin_cpus: bool) -> str:
     'each pair of runs repeated, the table over the repeats first; '
     f"pinned cores: {'yes' if pin_cpus else 'no'}; everything else at the default config's values "
     '(checkpoints on, each process at its own pace).'
+  )
+
+
+def headline(path: str) -> str:
+  """The result file's one-sentence reading (`headlines`): `sync_sgd`'s pace under the straggler, and how much of
+  its own the fast process keeps under the others (mean and range over the repeats; its target: `TARGET`)."""
+  results = {parse_key(key): summary for key, summary in result_files.rows(path).items()}
+  algorithms = by_algorithm(results)
+  any_m = next(iter(algorithms.values()))
+  slowdown, repeats = f'{any_m["slowdown"]:g}', min(m['repeats'] for m in algorithms.values())
+  sync = algorithms['sync_sgd']
+  low, high = sync['fast_kept_range']
+  free = {a: m for a, m in algorithms.items() if a != 'sync_sgd'}
+  verdicts: dict[str, list[str]] = {}  # 'met' only where the lowest repeat clears the target.
+  for algorithm, m in free.items():
+    verdicts.setdefault(result_files.verdict(*m['fast_kept_range'], TARGET), []).append(f'`{algorithm}`')
+  means = [m['fast_kept'] for m in free.values()]
+  return (
+    f'a {slowdown}x slower process (its own steps {slowdown}x as long) holds `sync_sgd` to {sync["fast_kept"]:.2f} '
+    f'of its pace ({f"{low:.2f} to {high:.2f} over {repeats} repeats" if repeats > 1 else "one run"}); under '
+    + ', '.join(f'`{a}`' for a in free)
+    + f' the fast process keeps {min(means):.2f}-{max(means):.2f} of its own on average (target {TARGET:g}: '
+    + '; '.join(f'{", ".join(names)}: {verdict}' for verdict, names in verdicts.items())
+    + ')'
   )

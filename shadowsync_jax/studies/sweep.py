@@ -28,6 +28,7 @@ from shadowsync_jax import config as config_lib
 from shadowsync_jax.metrics import progress
 from shadowsync_jax.metrics import writer as metric_writer
 from shadowsync_jax.studies import provenance
+from shadowsync_jax.studies import result_files
 
 CSV_FILENAME = 'sweep.csv'
 _COMMENT = '# '  # Lines above the header: the provenance of a finished sweep (`write_csv`).
@@ -380,3 +381,18 @@ def _saved(fig: figure.Figure, path: str | pathlib.Path) -> figure.Figure:
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   return fig
+
+
+def headline(path: str) -> str:
+  """The result file's one-sentence reading (`headlines`): `none`'s NE above the floor from 1 replica to the most,
+  and the synced algorithms' at the most."""
+  rows = read_csv(result_files.REPO_ROOT / path)
+  top = max(r['replicas'] for r in rows)
+  at = lambda algorithm, replicas: next(
+    r['ne_vs_floor_pct'] for r in rows if r['algorithm'] == algorithm and r['replicas'] == replicas
+  )
+  synced = [r['ne_vs_floor_pct'] for r in rows if r['replicas'] == top and r['algorithm'] != 'none']
+  return (
+    f"with the data fixed, `none`'s NE goes from {at('none', 1):.1f}% above the floor at 1 replica to "
+    f'{at("none", top):.1f}% at {top}; the synced algorithms stay at {min(synced):.1f}-{max(synced):.1f}% at {top}'
+  )

@@ -22,15 +22,18 @@ mean sync gap, the shadow rounds' pace); `note` names every setting changed from
 
 import copy
 import pathlib
+import statistics
 from typing import Any, NamedTuple
 
 import ml_collections
 
 from shadowsync_jax import config as config_lib
 from shadowsync_jax import train
+from shadowsync_jax.studies import result_files
 
 ALGORITHMS = ('none', 'sync_sgd', 'fr_ma', 'fr_ea', 'fr_bmuf', 'shadow_ma', 'shadow_ea', 'shadow_bmuf')
 _PER_ROW = ('sync.algorithm', 'sync.every_k_steps')
+TARGET = 0.5  # The headline's: a shadow algorithm's NE within this % of sync_sgd's on every seed.
 
 
 class Settings(NamedTuple):
@@ -164,4 +167,29 @@ def note(variant: str, base: ml_collections.ConfigDict, settings: Settings, rows
     f'(each its own stream, teacher and initial model; NE compared within a seed); best examples/sec of '
     f'{settings.repeats} run(s) a seed, then the mean over the seeds; {rows[0]["train_examples"]:,} training '
     'examples in all (whole global steps). Pace: the interval between round starts the shadow rounds ended on.'
+  )
+
+
+def headline(path: str) -> str:
+  """The result file's one-sentence reading (`headlines`): the shadow algorithms' NE against `sync_sgd`'s, seed by
+  seed, against `TARGET`."""
+  rows = result_files.rows(path)
+  seeds = sorted({row.get('seed', 0) for row in rows})
+  ne = {(row['label'], row.get('seed', 0)): row['eval_ne'] for row in rows}
+  gaps = {
+    name: [100 * (ne[(name, s)] / ne[('sync_sgd', s)] - 1) for s in seeds]
+    for name in ('shadow_ma', 'shadow_ea', 'shadow_bmuf')
+  }
+  worst = max(abs(g) for values in gaps.values() for g in values)
+  each = ', '.join(
+    f'{n.removeprefix("shadow_")} {result_files.pct(statistics.fmean(g))}'
+    + (f' ({min(g):+.2f}% to {max(g):+.2f}%)' if len(seeds) > 1 else '')
+    for n, g in gaps.items()
+  )
+  met = [n.removeprefix('shadow_') for n, g in gaps.items() if max(abs(x) for x in g) <= TARGET]
+  return (
+    f"on the default config with 8 replicas, at the default pace, the shadow algorithms' NE is within {worst:.2f}% "
+    f"of `sync_sgd`'s in every run ({each}; "
+    + (f'means over {len(seeds)} seeds' if len(seeds) > 1 else 'one seed')
+    + f'); target {TARGET:g}% on every seed: met by {", ".join(met) if met else "none"}'
   )

@@ -22,6 +22,7 @@ bound docs/design.md §4 sets on a process's peak is 1.5 x its state + 2 GB.
 
 from collections.abc import Sequence
 import pathlib
+import re
 import shutil
 import statistics
 from typing import Any, NamedTuple
@@ -29,6 +30,7 @@ from typing import Any, NamedTuple
 from shadowsync_jax import config as config_lib
 from shadowsync_jax.data.criteo import cardinalities
 from shadowsync_jax.studies import jobs
+from shadowsync_jax.studies import result_files
 
 SIZES = {
   'default (300)': config_lib.CRITEO_SHAPED_CARDINALITIES,
@@ -224,3 +226,22 @@ def plot(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> pathlib.Pa
   figure.savefig(path, dpi=100)
   pyplot.close(figure)
   return path
+
+
+def headline(path: str) -> str:
+  """The result file's one-sentence reading (`headlines`): Kaggle's tables in one process (peak, speed against 100k-row
+  tables) and Terabyte's sharded."""
+  rows = [r for r in result_files.rows(path) if r.get('state_bytes')]
+  kaggle_one = [r for r in rows if r['size'] == 'Kaggle' and r['num_replicas'] == 1 and r['num_processes'] == 1]
+  peaks = [r['peak_rss_bytes'] / 1e9 for r in kaggle_one]
+  terabyte = [r for r in rows if r['size'] == 'Terabyte' and r['placement'] == 'sharded']
+  tb_peaks = [r['peak_rss_bytes'] / 1e9 for r in terabyte]
+  text = (result_files.REPO_ROOT / path).read_text()
+  ratios = re.findall(r'batch (\d+): median (\d\.\d\d)', text)
+  return (
+    f"Criteo Kaggle's tables ({kaggle_one[0]['state_bytes'] / 1e9:.2f} GB of state) train in one process at a peak "
+    f'of {min(peaks):.2f}-{max(peaks):.2f} GB, at '
+    + ', '.join(f'{ratio} (batch {batch})' for batch, ratio in ratios)
+    + " of the same model's speed with 100k-row tables (medians); Terabyte's sharded over 2 processes x 4 devices "
+    f'at a peak of {min(tb_peaks):.2f}-{max(tb_peaks):.2f} GB a process'
+  )

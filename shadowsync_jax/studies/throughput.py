@@ -32,8 +32,10 @@ from shadowsync_jax.data.batch import Batch
 from shadowsync_jax.model import embedding
 from shadowsync_jax.model import step as step_lib
 from shadowsync_jax.model.dlrm import DLRM
+from shadowsync_jax.studies import result_files
 
 FLOPS_PER_EXAMPLE = 2.916e6  # forward + backward of the reference MLPs and interaction
+TARGET = {128: 0.5, 1024: 0.75}  # The headline's: the share of the matmul limit a batch size reaches.
 
 
 def best_matmul_flops_per_sec(sizes: Sequence[int] = (256, 512, 1024, 2048), repeats: int = 5) -> float:
@@ -167,3 +169,17 @@ def note(steps: int, repeats: int) -> str:
     '(the best f32 matmul rate of square matmuls of 256-2048) just before it; medians, and the interval between '
     'the second lowest and second highest repetition.'
   )
+
+
+def headline(path: str) -> str:
+  """The result file's one-sentence reading (`headlines`): each batch size's share of the matmul limit, against
+  `TARGET`."""
+  parts = []
+  for row in result_files.rows(path):
+    low, high = row['fraction_interval']
+    target = TARGET[row['batch_size']]
+    parts.append(
+      f'{row["fraction_of_compute_limit"]:.2f} at batch {row["batch_size"]} (interval {low:.2f}-{high:.2f}; '
+      f'target {target:g}: {result_files.verdict(low, high, target)})'
+    )
+  return "of this machine's matmul limit (measured in the same run): " + ', '.join(parts)

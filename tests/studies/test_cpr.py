@@ -3,7 +3,7 @@
 import pytest
 
 from shadowsync_jax.studies import cpr
-from shadowsync_jax.studies import headlines
+from shadowsync_jax.studies import result_files
 
 
 def _run(seed, mode, eval_ne, overhead_pct, failures=3, recovered_as=None):
@@ -88,8 +88,8 @@ def test_one_seed_keeps_the_one_table():
 
 
 def test_the_headline_gives_means_and_ranges_over_the_seeds(monkeypatch):
-  monkeypatch.setattr(headlines, '_rows', lambda path: [{k: v for k, v in r.items() if k != 'config'} for r in ROWS])
-  assert headlines._cpr('any.md') == (
+  monkeypatch.setattr(result_files, 'rows', lambda path: [{k: v for k, v in r.items() if k != 'config'} for r in ROWS])
+  assert cpr.headline('any.md') == (
     "emulated failures, 2 seeds: full recovery's overhead 15.00% (10.00% to 20.00%); `partial` 0.30 (0.10 to 0.50), "
     "`cpr` 0.56 (0.11 to 1.00) of it on the same seed; NE within 0.500% of the failure-free run's"
   )
@@ -98,5 +98,5 @@ def test_the_headline_gives_means_and_ranges_over_the_seeds(monkeypatch):
 def test_a_bound_every_run_must_keep_is_met_only_when_every_run_keeps_it():
   """Each run's NE and restart are bounds a run keeps or not: the headline counts the runs over, never 'within
   noise' for a spread that holds both."""
-  assert headlines._runs_verdict([0.0, 0.05, 0.1], 0.1) == 'met'
-  assert headlines._runs_verdict([0.0, 2.7, 0.05], 0.1) == 'not met by 1 of 3'
+  assert result_files.runs_verdict([0.0, 0.05, 0.1], 0.1) == 'met'
+  assert result_files.runs_verdict([0.0, 2.7, 0.05], 0.1) == 'not met by 1 of 3'
