@@ -59,8 +59,8 @@ from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import network
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.parallel import straggler
-from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import policies as recovery_policies
+from shadowsync_jax.recovery import training_state
 from shadowsync_jax.sync import consensus
 from shadowsync_jax.sync import drivers as sync_drivers
 
@@ -178,7 +178,7 @@ def train_and_evaluate(
     state = init_replicated_state(config, meshes)
     return state, driver.initial_sync_state(state)
 
-  state, sync_state, start_step = recovery.resume(checkpointing.FreshState(fresh_state, meshes))
+  state, sync_state, start_step = recovery.resume(training_state.FreshState(fresh_state, meshes))
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
   delay = straggler.from_config(config.straggler, process_index, first_step=start_step)
   blocks = dispatch.BlockDispatcher(

@@ -26,6 +26,7 @@ from shadowsync_jax.metrics import writer as metric_writer
 from shadowsync_jax.model import step as step_lib
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
+from shadowsync_jax.recovery import training_state
 
 
 @dataclasses.dataclass
@@ -91,7 +92,7 @@ def segments(run: ServerRun) -> Iterator[int]:
   trained up to it (sync_sgd's layout: the model on every replica)."""
   for boundary in run.checkpointer.boundaries(run.start_step, run.stop_step):
     yield boundary
-    tree = checkpointing.training_tree(replicas.replicate(run.server.state, run.meshes.local), None)
+    tree = training_state.training_tree(replicas.replicate(run.server.state, run.meshes.local), None)
     run.checkpointer.save(boundary, tree)
 
 

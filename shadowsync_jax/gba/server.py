@@ -24,6 +24,7 @@ from shadowsync_jax.model import step as step_lib
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
+from shadowsync_jax.recovery import training_state
 
 ALGORITHMS = ('gba', 'async_sgd')
 
@@ -121,7 +122,7 @@ def stacked_abstract(state: step_lib.TrainState, mesh) -> Any:
   """The checkpoint layout of sync_sgd (the model on every replica of `mesh`), as restore targets."""
   num_replicas, sharding = mesh.shape[replicas.REPLICA_AXIS], replicas.replica_sharding(mesh)
   stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((num_replicas, *x.shape), x.dtype, sharding=sharding), state)
-  return checkpointing.training_tree(stacked, None)
+  return training_state.training_tree(stacked, None)
 
 
 def server_state_from_checkpoint(tree: Any, workdir: pathlib.Path) -> step_lib.TrainState:

@@ -18,8 +18,8 @@ started ahead of time, each process with `--standby`, so it has imported everyth
 and waits on its stdin; `run` then sends each one line (JSON: the environment it starts with, such as the step
 it is to be killed at) and it joins the job. `supervisor` prepares the next generation as soon as every process
 of the current one trains, so a restart skips the imports and the coordinator's start. Where the launcher may raise
-a priority again, a standby waits at the lowest (`standby_waits_idle`): its imports take the cores' idle time, not
-the training beside it, and it joins at the launcher's.
+a priority again, a standby waits at the lowest (`children.standby_waits_idle`): its imports take the cores' idle
+time, not the training beside it, and it joins at the launcher's.
 
 Each process also gets a control pipe (`control`): it writes `ready` when it trains, every step it finishes, and
 `kill STEP` where it was asked to be killed (`fault_injection`); `outcome.steps` is how far each got. When a
@@ -27,7 +27,7 @@ process fails (a non-zero exit, a signal, a kill), the launcher says which and h
 process then saves what it must and exits with `exit_codes.PEER_LOST` at its next step boundary, without waiting
 for its watchdog to notice. Processes still running `grace_s` later (hung, or stopped) are killed. `pin_cpus`
 gives each process its own share of this machine's cores (`sched_setaffinity`), so that processes behave like
-separate hosts.
+separate hosts. How each child is started (its death signal, its cores, its priority) is `children`'s.
 
 With `hosts` (`netns.EmulatedHosts`, as many as processes) process i runs in host i and the coordinator in host 0,
 at host 0's address (never 127.0.0.1), so every collective crosses that host's shaped link; `partitions`
@@ -35,14 +35,11 @@ at host 0's address (never 127.0.0.1), so every collective crosses that host's s
 """
 
 from collections.abc import Callable
-from concurrent import futures
-import ctypes
 import dataclasses
 import functools
 import json
 import os
 import re
-import resource
 import signal
 import socket
 import subprocess
@@ -50,17 +47,17 @@ import sys
 import threading
 import time
 
+from shadowsync_jax.parallel import children
 from shadowsync_jax.parallel import control
 from shadowsync_jax.parallel import cpu_time
 from shadowsync_jax.parallel import exit_codes
 from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import netns
 
-_PR_SET_PDEATHSIG = 1  # prctl option: the signal a child gets when its parent dies.
 _POLL_S = 0.05
 _CPU_SAMPLE_S = 0.5  # A process killed loses at most this much of its CPU account (`Outcome.cpu`).
 _COORDINATOR_START_S = 60.0
-# What `distributed.exit_peer_lost` prints: the process stopping, and the peer it lost and how.
+# What `peer_watchdog.exit_peer_lost` prints: the process stopping, and the peer it lost and how.
 _BLAME = re.compile(r'shadowsync: stopping process \d+: process (\d+) (.*?)\.?$')
 # A survivor's exits: it lost a peer (its own code), or JAX aborted it because the coordinator's host died.
 _PEER_LOST_CODES = (exit_codes.PEER_LOST, -signal.SIGABRT, 128 + signal.SIGABRT)
@@ -76,14 +73,6 @@ def describe_exit(code: int) -> str:
   if code < 0:
     return f'was killed by {signal.Signals(-code).name}'
   return f'exited with code {code}'
-
-
-def cpu_share(process_id: int, num_processes: int) -> set[int]:
-  """The cores of process `process_id` when the machine's cores are dealt out evenly (round robin if fewer)."""
-  cores = sorted(os.sched_getaffinity(0))
-  if num_processes >= len(cores):
-    return {cores[process_id % len(cores)]}
-  return set(cores[process_id::num_processes])
 
 
 @dataclasses.dataclass
@@ -161,7 +150,7 @@ class Generation:
     self._abandoned = False  # `prepare` and `abandon` run on the spawner's thread, one at a time.
     self._on_ready: Callable[[], None] | None = None
     self._cpu = cpu_time.Sampler()
-    self._idle_standby = standby_waits_idle()
+    self._idle_standby = children.standby_waits_idle()
     self._cpu_at_ready: list[dict[int, float]] | None = None  # `Sampler.mark`s once every process trains.
 
   def say(self, line: str) -> None:
@@ -170,9 +159,9 @@ class Generation:
 
   def prepare(self) -> None:
     """Starts the coordinator and every process as a warm standby (module docstring); idempotent. They are started
-    from one thread that lives as long as the launcher (`_spawner`): a child's death signal (`_child_setup`) fires
-    when the thread that started it ends, not the process."""
-    _spawner().submit(self._prepare).result()
+    from one thread that lives as long as the launcher (`children.spawner`): a child's death signal
+    (`children.child_setup`) fires when the thread that started it ends, not the process."""
+    children.spawner().submit(self._prepare).result()
 
   def _prepare(self) -> None:
     if self._coordinator is None and not self._abandoned:
@@ -182,7 +171,7 @@ class Generation:
   def abandon(self) -> None:
     """Stops a prepared generation that will not run (the job ended before it was needed); on the spawner's
     thread, so never halfway through `prepare`."""
-    _spawner().submit(self._abandon).result()
+    children.spawner().submit(self._abandon).result()
 
   def _abandon(self) -> None:
     self._abandoned = True
@@ -221,14 +210,14 @@ class Generation:
     """CPU seconds each of its processes took so far (a warm standby's: its imports); [] before `prepare`. Read on
     the spawner's thread: a `prepare` under way there (a standby started as the generation before it ended, on a
     busy machine) is done first, never seen with some of its processes started and some not."""
-    return _spawner().submit(lambda: [cpu_time.of_process(process.pid) for process in self._processes]).result()
+    return children.spawner().submit(lambda: [cpu_time.of_process(process.pid) for process in self._processes]).result()
 
   def _go(self) -> None:
     """Every waiting process joins the job: one line on its stdin, the environment it starts with."""
     for process_id, process in enumerate(self._processes):
       environment = self._kill_schedule.environment(process_id) if self._kill_schedule else {}
       if self._idle_standby:
-        _raise_priority(process.pid)
+        children.raise_priority(process.pid)
       try:
         process.stdin.write(json.dumps({'environment': environment}) + '\n')
         process.stdin.close()
@@ -265,7 +254,7 @@ class Generation:
       stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT,
       text=True,
-      preexec_fn=functools.partial(_child_setup, None),
+      preexec_fn=functools.partial(children.child_setup, None),
       start_new_session=True,
     )
     deadline, said = time.monotonic() + _COORDINATOR_START_S, []
@@ -300,7 +289,7 @@ class Generation:
         *self._train_args,
       ]
       env = {**os.environ, control.GENERATION_ENV: str(self.number), control.CONTROL_FD_ENV: str(write_end)}
-      affinity = cpu_share(process_id, self._num_processes) if self._pin_cpus else None
+      affinity = children.cpu_share(process_id, self._num_processes) if self._pin_cpus else None
       process = subprocess.Popen(
         self._in_host(process_id, command),
         stdin=subprocess.PIPE,
@@ -310,7 +299,7 @@ class Generation:
         bufsize=1,
         env=env,
         pass_fds=(write_end,),
-        preexec_fn=functools.partial(_child_setup, affinity, self._idle_standby),
+        preexec_fn=functools.partial(children.child_setup, affinity, self._idle_standby),
         start_new_session=True,  # Ctrl-C reaches the launcher alone, which stops its processes in order.
       )
       os.close(write_end)
@@ -451,77 +440,3 @@ class Generation:
         return
       (process_id, step), self._kill_waiting = self._kill_waiting, None
     self._kill(process_id, Failure(process_id, f'was killed by SIGKILL at step {step} (--kill_at)', True, step))
-
-
-@functools.cache
-def _spawner() -> futures.ThreadPoolExecutor:
-  """The one thread every child is started from (it never ends before the launcher does)."""
-  return futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix='spawner')
-
-
-def _child_setup(affinity: set[int] | None, idle: bool = False) -> None:
-  """In each child before it runs: die with the launcher (Linux), take its share of the cores if pinned, and wait
-  at the lowest priority if `idle` (a warm standby: `standby_waits_idle`)."""
-  try:
-    ctypes.CDLL('libc.so.6', use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-  except OSError:  # Not Linux: children outlive a killed launcher there.
-    pass
-  if affinity:
-    os.sched_setaffinity(0, affinity)
-  if idle:
-    os.setpriority(os.PRIO_PROCESS, 0, _LOWEST_PRIORITY)
-    _set_autogroup_priority('self', _LOWEST_PRIORITY)
-
-
-def _set_autogroup_priority(pid: int | str, priority: int) -> None:
-  """The priority of `pid`'s session against the others' (Linux's autogroups: with them, where each child starts a
-  session of its own, a thread's nice value weighs only against its own session's threads)."""
-  try:
-    with open(f'/proc/{pid}/autogroup', 'w') as autogroup:
-      autogroup.write(str(priority))
-  except OSError:  # No autogroups (or no such process).
-    pass
-
-
-_LOWEST_PRIORITY = 19
-
-
-def _own_autogroup_priority() -> int:
-  """The launcher's session's priority (0 where there are no autogroups)."""
-  try:
-    with open('/proc/self/autogroup') as autogroup:
-      return int(autogroup.read().split()[-1])  # '/autogroup-123 nice 0'
-  except (OSError, ValueError, IndexError):
-    return 0
-
-
-def standby_waits_idle() -> bool:
-  """Whether a warm standby starts at the lowest priority (nice 19) and joins at the launcher's own: only where
-  the launcher may raise a priority again (root, or an RLIMIT_NICE that allows it). Its imports, 1.5 s of a core
-  at Criteo Kaggle's size, then take the cores' idle time instead of the training's beside it (on this project's
-  emulated hosts the standby shares the core its predecessor trains on; a cluster's spare host shares nothing);
-  a restart that comes before they end finishes them at full priority."""
-  if not hasattr(os, 'setpriority'):
-    return False
-  ceiling = 20 - resource.getrlimit(resource.RLIMIT_NICE)[0]  # The lowest nice value this user may set.
-  return os.geteuid() == 0 or ceiling <= os.getpriority(os.PRIO_PROCESS, 0)
-
-
-def _raise_priority(pid: int) -> None:
-  """Every thread of `pid` at the launcher's own priority (Linux's nice is a thread's, and a new thread takes its
-  creator's: read again until no thread is new, for a process still importing)."""
-  priority, raised = os.getpriority(os.PRIO_PROCESS, 0), set()
-  for _ in range(10):
-    try:
-      tids = {int(task) for task in os.listdir(f'/proc/{pid}/task')} - raised
-    except OSError:  # Not Linux, or it ended.
-      tids = {pid} - raised
-    if not tids:
-      return
-    for tid in tids:
-      try:
-        os.setpriority(os.PRIO_PROCESS, tid, priority)
-      except OSError:  # It ended meanwhile.
-        pass
-    raised |= tids
-    _set_autogroup_priority(pid, _own_autogroup_priority())

@@ -23,6 +23,7 @@ when it failed itself (restart, up to a limit).
 import sys
 import time
 
+from shadowsync_jax.parallel import children
 from shadowsync_jax.parallel import exit_codes
 from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import history
@@ -98,7 +99,7 @@ def supervise(
     if workdir is not None:
       record = {'event': 'generation', 'generation': number, **outcome.times}
       record.update(cpu_while_training=outcome.cpu_while_training, standby_beside_cpu_s=standby_cpu_s)
-      record.update(standby_waited_idle=launcher.standby_waits_idle())
+      record.update(standby_waited_idle=children.standby_waits_idle())
       history.append(workdir, 'launcher', record)
     if outcome.succeeded:
       restarted = f' after {number} restart{"s" if number != 1 else ""}' if number else ''

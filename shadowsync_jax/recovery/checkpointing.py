@@ -13,7 +13,9 @@
 
 Every process checkpoints its own part (its replicas, `meshes.local`) into its own directory, at its own pace,
 with no barrier and no collective (docs/design.md §7: checkpoints must not tie every process to the slowest one). Which
-step each process restores after a restart is `restart_plan`'s decision; this module only saves and reads.
+step each process restores after a restart is `restart_plan`'s decision; this module only saves and reads. What
+it is handed is `training_state`'s (the training tree, the state a run starts from); the leaves' names and the shapes
+a restore checks, `saved_shapes`'.
 
 Memory (docs/design.md §4: no second copy of the tables). An async save reads the arrays while the training goes on;
 on a CPU it reads the device buffers themselves, which the next step then cannot update in place (it copies the whole
@@ -37,12 +39,11 @@ saved as the job-wide view of this process's arrays (orbax refuses a process-loc
 processes), so each process restores only its own directory.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 import functools
 import json
 import logging
 import pathlib
-import re
 import shutil
 import time
 from typing import Any
@@ -57,6 +58,7 @@ from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import private_apis
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import row_blocks
+from shadowsync_jax.recovery import saved_shapes
 
 PyTree = Any
 
@@ -224,7 +226,7 @@ class Checkpointer:
       return  # Orbax's restore says what is wrong with the checkpoint.
     if saved is None:
       return
-    differ = shape_difference(saved, leaf_shapes(abstract_state))
+    differ = saved_shapes.shape_difference(saved, saved_shapes.leaf_shapes(abstract_state))
     if differ is not None:
       raise MismatchError(
         f'The checkpoint at step {step} in {self.directory} does not match this run: {differ} (another model, sync '
@@ -244,7 +246,11 @@ class Checkpointer:
     directory = self._item(step, 'tables')
     saved = {path.name for path in directory.iterdir()} if directory.is_dir() else set()
     flat = jax.tree_util.tree_flatten_with_path(abstract_state, is_leaf=lambda x: x is SKIPPED)[0]
-    return {_leaf_name(path): leaf for path, leaf in flat if leaf is not SKIPPED and _leaf_name(path) in saved}
+    return {
+      saved_shapes.leaf_name(path): leaf
+      for path, leaf in flat
+      if leaf is not SKIPPED and saved_shapes.leaf_name(path) in saved
+    }
 
   def due(self, step: int) -> bool:
     """Whether `step` is a periodic save point."""
@@ -264,7 +270,8 @@ class Checkpointer:
     num_bytes = memory.state_bytes(state)
     self._last_blocked = saves_block(num_bytes)
     in_blocks = _large_leaves(state) if self._last_blocked else {}
-    shapes = leaf_shapes(state)  # Of every leaf as saved: a restore into other shapes is refused (orbax cuts them).
+    # Of every leaf as saved: a restore into other shapes is refused (orbax cuts them).
+    shapes = saved_shapes.leaf_shapes(state)
     if in_blocks:  # A byte a device where a leaf went to the `tables` item (orbax saves arrays only, here).
       num_local = self._meshes.local.shape[replicas.REPLICA_AXIS]
       sharding = replicas.replica_sharding(self._meshes.local)
@@ -355,56 +362,32 @@ class Checkpointer:
     shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _leaf_name(path) -> str:
-  """A leaf's tree path as a directory name: "['train'].params['embedding']" -> 'train_params_embedding'."""
-  return re.sub(r'[^A-Za-z0-9]+', '_', jax.tree_util.keystr(path)).strip('_')
-
-
-def leaf_shapes(tree: PyTree) -> dict[str, list]:
-  """{leaf name: [shape, dtype]} of a tree of arrays or shapes (`SKIPPED` leaves left out)."""
-  flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is SKIPPED)[0]
-  return {_leaf_name(path): shape_of(x) for path, x in flat if x is not SKIPPED}
-
-
-def shape_of(x: Any) -> list:
-  """[shape, dtype] of an array or shape, as the checkpoints write it down (`leaf_shapes`, `shape_difference`)."""
-  return [list(x.shape), str(x.dtype)]
-
-
-def shape_difference(saved: Mapping[str, list], wanted: Mapping[str, list]) -> str | None:
-  """The first leaf whose shape and dtype as saved (`leaf_shapes`) differ from those wanted, said in words ('NAME
-  is [SHAPE, DTYPE] there, [...] here'); None where all agree."""
-  differ = [(name, saved.get(name), shape) for name, shape in wanted.items() if saved.get(name) != shape]
-  if not differ and set(saved) == set(wanted):
-    return None
-  name, there, here = differ[0] if differ else (sorted(set(saved) ^ set(wanted))[0], None, None)
-  return f'{name} is {there} there, {here} here'
-
-
 def _large_leaves(state: PyTree) -> dict[str, jax.Array]:
   """{name: leaf} of the leaves of this process's state that go by blocks of rows."""
   flat = jax.tree_util.tree_flatten_with_path(state)[0]
   return {
-    _leaf_name(path): leaf
+    saved_shapes.leaf_name(path): leaf
     for path, leaf in flat
     if getattr(leaf, 'ndim', 0) >= 2 and memory.state_bytes(leaf) >= LARGE_LEAF_BYTES
   }
 
 
 def _standing_in(tree: PyTree, names: dict[str, Any], stand_in: jax.Array) -> PyTree:
-  return jax.tree_util.tree_map_with_path(lambda path, x: stand_in if _leaf_name(path) in names else x, tree)
+  return jax.tree_util.tree_map_with_path(
+    lambda path, x: stand_in if saved_shapes.leaf_name(path) in names else x, tree
+  )
 
 
 def _skipping(abstract: PyTree, names: dict[str, Any]) -> PyTree:
   return jax.tree_util.tree_map_with_path(
-    lambda path, x: SKIPPED if _leaf_name(path) in names else x, abstract, is_leaf=lambda x: x is SKIPPED
+    lambda path, x: SKIPPED if saved_shapes.leaf_name(path) in names else x, abstract, is_leaf=lambda x: x is SKIPPED
   )
 
 
 def _merged(tree: PyTree, by_name: dict[str, jax.Array]) -> PyTree:
   """`tree` with the leaves named in `by_name` taken from there."""
   return jax.tree_util.tree_map_with_path(
-    lambda path, x: by_name.get(_leaf_name(path), x), tree, is_leaf=lambda x: x is SKIPPED
+    lambda path, x: by_name.get(saved_shapes.leaf_name(path), x), tree, is_leaf=lambda x: x is SKIPPED
   )
 
 
@@ -422,42 +405,6 @@ def keep_leaves(abstract_state: PyTree, keep: Callable[[str], bool]) -> PyTree:
   return jax.tree_util.tree_map_with_path(
     lambda path, leaf: leaf if keep(jax.tree_util.keystr(path)) else SKIPPED, abstract_state
   )
-
-
-def training_tree(state_L: PyTree, sync_state_L: PyTree) -> dict[str, PyTree]:
-  """What a training checkpoint's `state` item holds: this process's train state and, for round-based sync, its
-  copies of the sync state."""
-  return {'train': state_L} if sync_state_L is None else {'train': state_L, 'sync': sync_state_L}
-
-
-class FreshState:
-  """The state a run starts from when nothing is restored, built only if asked for: a restore reads a checkpoint
-  into arrays of the abstract shapes, never over tables built first (at Criteo Kaggle's size, 2.2 GB of random rows
-  made and dropped at every restart).
-
-    fresh = FreshState(build, meshes)     # build() -> (state_L, sync_state_R), this process's replicas [L, ...]
-    fresh.abstract()                      # the training tree's shapes, dtypes and shardings: what a restore reads
-    state_L, sync_state_R = fresh()       # built now
-  """
-
-  def __init__(self, build: Callable[[], tuple[PyTree, PyTree]], meshes: replicas.ReplicaMeshes):
-    self._build, self._meshes = build, meshes
-
-  def __call__(self) -> tuple[PyTree, PyTree]:
-    return self._build()
-
-  def abstract(self) -> PyTree:
-    """`abstract_like(training_tree(state_L, this process's sync state))` of the state `build` would make, without
-    making it: every leaf [L, ...] on this process's replicas (the sync state's [R, ...] cut to [L, ...])."""
-    state_L, sync_state_R = jax.eval_shape(self._build)
-    sharding, num_local = replicas.replica_sharding(self._meshes.local), self._meshes.local.shape[replicas.REPLICA_AXIS]
-    placed = lambda x: jax.ShapeDtypeStruct((num_local, *x.shape[1:]), x.dtype, sharding=sharding)
-    return jax.tree.map(placed, training_tree(state_L, sync_state_R))
-
-
-def abstract_like(tree: PyTree) -> PyTree:
-  """Shape, dtype and sharding of every leaf: what restore needs to place arrays like a freshly built state."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 def _job_abstract(abstract_L: PyTree, meshes: replicas.ReplicaMeshes) -> PyTree:

@@ -73,6 +73,7 @@ from shadowsync_jax.recovery import priority_saves
 from shadowsync_jax.recovery import restore
 from shadowsync_jax.recovery import row_usage
 from shadowsync_jax.recovery import schedule as checkpoint_schedule
+from shadowsync_jax.recovery import training_state
 
 PyTree = Any
 
@@ -135,7 +136,7 @@ class EmulatedFailures(hooks.Hook):
     """The mode in force (`cpr`: `cpr_mfu` until it chose, then what it chose)."""
     return self._schedule.mode
 
-  def resume(self, fresh: checkpointing.FreshState) -> tuple[Any, PyTree, int]:
+  def resume(self, fresh: training_state.FreshState) -> tuple[Any, PyTree, int]:
     """The newest checkpoint of a run that stopped (or the fresh state, and step 0, on a fresh workdir)."""
     if self._checkpointer.latest_step() is None:
       return (*fresh(), 0)
@@ -145,8 +146,8 @@ class EmulatedFailures(hooks.Hook):
 
   def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
     """Before the first step: the clock starts at `step`; a fresh run saves its initial state to recover from."""
-    tree = checkpointing.training_tree(state_L, sync_state_R)
-    self._abstract = checkpointing.abstract_like(tree)
+    tree = training_state.training_tree(state_L, sync_state_R)
+    self._abstract = training_state.abstract_like(tree)
     if self.mode in ('cpr_mfu', 'cpr_ssu'):
       self._saver = priority_saves.make_saver(self._config, self.mode, self._workdir / 'priority_rows', state_L)
     self._parts = failed_parts.FailedParts(self._config, self._checkpointer, self._abstract)
@@ -217,7 +218,7 @@ class EmulatedFailures(hooks.Hook):
 
   def finish(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
     """After the last step: the final save, waited for."""
-    self._checkpointer.save(step, checkpointing.training_tree(state_L, sync_state_R))
+    self._checkpointer.save(step, training_state.training_tree(state_L, sync_state_R))
     self.close()
 
   def close(self) -> None:
@@ -331,7 +332,7 @@ class EmulatedFailures(hooks.Hook):
 
   def _save(self, step: int, state_L: Any, driver: Any) -> None:
     started = time.perf_counter()
-    self._checkpointer.save(step, checkpointing.training_tree(*driver.settled(state_L)))
+    self._checkpointer.save(step, training_state.training_tree(*driver.settled(state_L)))
     self._schedule.save_blocks_s.append(time.perf_counter() - started)
     if self._schedule.emulated_save:
       self._save_fractions.append(self._save_fraction(step, state_L))

@@ -57,6 +57,7 @@ from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import differentials
 from shadowsync_jax.recovery import modes
+from shadowsync_jax.recovery import saved_shapes
 
 PyTree = Any
 INITIAL = 0  # The baseline of the state the job started from (`initial`): never written, rebuilt.
@@ -254,7 +255,7 @@ class IncrementalCheckpointer:
         self._initial()
       )  # Not noted by whoever built it: built again, once.
     return {
-      'shapes': {path: checkpointing.shape_of(x) for path, x in leaves},
+      'shapes': {path: saved_shapes.shape_of(x) for path, x in leaves},
       'initial': self._initial_sums if self._baseline == INITIAL else None,
       'settings': self._settings,
     }
@@ -313,8 +314,8 @@ class IncrementalCheckpointer:
     baseline = meta['baseline']
     if meta.get('shapes') is not None:  # (Differentials written before 2026-12-06 hold no shapes.)
       flat = jax.tree_util.tree_flatten_with_path(abstract)[0]
-      wanted = {jax.tree_util.keystr(path): checkpointing.shape_of(x) for path, x in flat}
-      differ = checkpointing.shape_difference(meta['shapes'], wanted)
+      wanted = {jax.tree_util.keystr(path): saved_shapes.shape_of(x) for path, x in flat}
+      differ = saved_shapes.shape_difference(meta['shapes'], wanted)
       if differ is not None:
         self._refuse(meta, differ + ' (another model, sync algorithm, replica or process count)')
     if baseline == INITIAL:

@@ -43,6 +43,7 @@ from shadowsync_jax.parallel import compilation_cache
 from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import differentials
 from shadowsync_jax.recovery import incremental
+from shadowsync_jax.recovery import saved_shapes
 
 PyTree = Any
 
@@ -136,9 +137,9 @@ class LiveKeeper:
         return self._differentials.compose(saved, abstract)[0]
       leaves = {name: saved[name] for name in saved.files}
     paths, structure = jax.tree_util.tree_flatten_with_path(abstract)
-    differ = checkpointing.shape_difference(
-      {name: checkpointing.shape_of(x) for name, x in leaves.items()},
-      {jax.tree_util.keystr(path): checkpointing.shape_of(leaf) for path, leaf in paths},
+    differ = saved_shapes.shape_difference(
+      {name: saved_shapes.shape_of(x) for name, x in leaves.items()},
+      {jax.tree_util.keystr(path): saved_shapes.shape_of(leaf) for path, leaf in paths},
     )
     if differ is not None:
       raise checkpointing.MismatchError(

@@ -128,7 +128,7 @@ def _warmups(records: Sequence[dict[str, Any]], step_s: float) -> float:
 
 def _standby_s(generation: dict[str, Any]) -> float:
   """What the next start's standby took of the training beside a start (its launcher record): its CPU on the
-  slower core; none where it waited at the lowest priority (`launcher.standby_waits_idle`: it took the cores'
+  slower core; none where it waited at the lowest priority (`children.standby_waits_idle`: it took the cores'
   idle time, and a restart that came before it was done waited for the rest, in the restart's time)."""
   if generation.get('standby_waited_idle'):
     return 0.0

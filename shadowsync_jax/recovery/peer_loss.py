@@ -17,8 +17,9 @@ from typing import Any
 
 from shadowsync_jax.parallel import distributed
 from shadowsync_jax.parallel import history
-from shadowsync_jax.recovery import checkpointing
+from shadowsync_jax.parallel import peer_watchdog
 from shadowsync_jax.recovery import job_process
+from shadowsync_jax.recovery import training_state
 
 PyTree = Any
 
@@ -55,7 +56,7 @@ class PeerLoss:
     saved = None
     if self._saves_live():
       try:
-        saved = self._live.save(step, checkpointing.training_tree(state_L, sync_state_L))
+        saved = self._live.save(step, training_state.training_tree(state_L, sync_state_L))
       except Exception as error:  # pylint: disable=broad-except  (a donated buffer: the newest host copy will do)
         print(f'Process {self._process.index} could not save its live state: {type(error).__name__}: {error}')
         saved, step = self._live.save_latest(), min(step, distributed.my_step())
@@ -96,7 +97,7 @@ class PeerLoss:
         **self._records(),
       },
     )
-    distributed.exit_peer_lost(reason + (f'; live state of step {live_step} saved' if live_saved else ''))
+    peer_watchdog.exit_peer_lost(reason + (f'; live state of step {live_step} saved' if live_saved else ''))
 
 
 def _ended(state_L: Any) -> bool:

@@ -25,9 +25,9 @@ from shadowsync_jax import hooks
 from shadowsync_jax.parallel import control
 from shadowsync_jax.parallel import history
 from shadowsync_jax.parallel import replicas
-from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import emulated
 from shadowsync_jax.recovery import real
+from shadowsync_jax.recovery import training_state
 
 PyTree = Any
 
@@ -36,7 +36,7 @@ class RecoveryPolicy(Protocol):
   """What the training loop calls (module docstring): a hook of the loop (`hooks.Hook`), and the run's start and
   end."""
 
-  def resume(self, fresh: checkpointing.FreshState) -> tuple[Any, PyTree, int]: ...
+  def resume(self, fresh: training_state.FreshState) -> tuple[Any, PyTree, int]: ...
 
   def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None: ...
 

@@ -71,6 +71,7 @@ from shadowsync_jax.recovery import overhead
 from shadowsync_jax.recovery import peer_loss
 from shadowsync_jax.recovery import priority_saves
 from shadowsync_jax.recovery import schedule
+from shadowsync_jax.recovery import training_state
 
 PyTree = Any
 LIVE_MODES = (*modes.PARTIAL_MODES, 'cpr')  # Whose survivors keep their live state.
@@ -128,11 +129,11 @@ class RealFailures(hooks.Hook):
 
   # The restart plan.
 
-  def resume(self, fresh: checkpointing.FreshState) -> tuple[Any, PyTree, int]:
+  def resume(self, fresh: training_state.FreshState) -> tuple[Any, PyTree, int]:
     """Restores what the restart plan gives this process (`fresh()`, built only then, on a fresh workdir); returns
     the state, the sync state (job-wide, as the sync drivers hold it) and the step the stream goes on from."""
     distributed.report(0, 'setup')
-    initial_tree = lambda: checkpointing.training_tree(*self._local_pair(*fresh()))
+    initial_tree = lambda: training_state.training_tree(*self._local_pair(*fresh()))
     abstract = fresh.abstract()
     state_bytes = memory.state_bytes(abstract)
     self._checkpointer = job_start.make_checkpointer(self._job, state_bytes, initial_tree, self._keeps_cuts())
@@ -154,7 +155,7 @@ class RealFailures(hooks.Hook):
 
   def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
     if self._live is not None:
-      self._live.pace_for(checkpointing.training_tree(state_L, self._job.local(sync_state_R)))
+      self._live.pace_for(training_state.training_tree(state_L, self._job.local(sync_state_R)))
     # Only a live state is worth waiting for a boundary: otherwise a survivor stuck in a collective goes at once.
     keeps_live = self._live is not None and self.mode in LIVE_MODES
     distributed.handle_peer_loss(True, last_resort=self._loss.stop_stuck, boundary_matters=keeps_live)
@@ -217,7 +218,7 @@ class RealFailures(hooks.Hook):
     if self._priority is not None:
       self._priority.count(b.block.sparse[:, : b.steps])
     if self._live is not None:
-      self._live.at_boundary(step, lambda: checkpointing.training_tree(*settled()))
+      self._live.at_boundary(step, lambda: training_state.training_tree(*settled()))
     if self._schedule.calibration_due(step, self._account.timing[1]):
       if self.requested_mode == 'none':  # Only the pace is needed: seconds between checkpoints as common steps.
         self._schedule.seconds_to_steps(self._account.mean_step_s(step))
@@ -252,7 +253,7 @@ class RealFailures(hooks.Hook):
       paces = [r['step_s'] for r in history.read(job.workdir) if r.get('event') == 'save' and r.get('step_s')]
       self._step_s = paces[-1] if paces else None
     distributed.handle_peer_loss(False)  # The loop reported 'finish' before the rounds ended.
-    self._checkpointer.save(step, checkpointing.training_tree(state_L, job.local(sync_state_R)))
+    self._checkpointer.save(step, training_state.training_tree(state_L, job.local(sync_state_R)))
     self.close()
     record = {'event': 'ended', 'generation': job.generation, 'process': job.index, 'step': step}
     history.append(job.workdir, job.writer, {**record, **self._account.records()})
@@ -311,7 +312,7 @@ class RealFailures(hooks.Hook):
     mean_step_s = self._account.mean_step_s(step)  # The steps' own pace: the loop's saves before this one left out.
     self._checkpointer.wait()
     started = time.perf_counter()
-    tree = checkpointing.training_tree(*settled())
+    tree = training_state.training_tree(*settled())
     with compilation_cache.compiling() as compiled:  # Once a run (a differential's gather): left out of the costs.
       self._checkpointer.save(step, tree)
     save_s = time.perf_counter() - started
@@ -320,7 +321,7 @@ class RealFailures(hooks.Hook):
     restore_s = 0.0  # Only `cpr` weighs a restore (its choice); elsewhere it would cost as much again for nothing.
     if self.requested_mode == 'cpr':
       started = time.perf_counter()
-      jax.block_until_ready(self._checkpointer.restore(step, checkpointing.abstract_like(tree)))
+      jax.block_until_ready(self._checkpointer.restore(step, training_state.abstract_like(tree)))
       restore_s = time.perf_counter() - started
     self._saved.append(step)
     self._saved_for(step, 'calibration', write_s + restore_s, complete=step)  # Written and read back: complete.
@@ -339,7 +340,7 @@ class RealFailures(hooks.Hook):
     started = time.perf_counter()
     self._schedule.last_save_s = started
     with compilation_cache.compiling() as compiled:
-      self._checkpointer.save(step, checkpointing.training_tree(state_L, sync_state_L))
+      self._checkpointer.save(step, training_state.training_tree(state_L, sync_state_L))
     fault_injection.kill_in_save(step, 'written', first=self._checkpointer.wait)  # (Tests.)
     written = {
       'written': self._checkpointer.last_save.get('kind'),

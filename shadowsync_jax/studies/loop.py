@@ -44,7 +44,7 @@ from shadowsync_jax import config as config_lib
 from shadowsync_jax import dispatch
 from shadowsync_jax import train
 from shadowsync_jax.data import input_pipeline
-from shadowsync_jax.parallel import launcher
+from shadowsync_jax.parallel import children
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.studies import jobs
 from shadowsync_jax.studies import result_files
@@ -277,7 +277,7 @@ def time_job_step_alone(process_command: list[str]) -> float:
   """(a) of the job: `process_command` (a process that prints the examples/sec of `time_step_alone` on its
   `JOB_DEVICES` replicas at the job's K, its last line) started once a process of the job, each pinned to its share
   of the cores as `--pin_cpus` pins them, all at once; the sum."""
-  shares = [launcher.cpu_share(p, JOB_PROCESSES) for p in range(JOB_PROCESSES)]
+  shares = [children.cpu_share(p, JOB_PROCESSES) for p in range(JOB_PROCESSES)]
   running = [
     subprocess.Popen(
       process_command, stdout=subprocess.PIPE, text=True, preexec_fn=functools.partial(os.sched_setaffinity, 0, share)

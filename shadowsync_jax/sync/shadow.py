@@ -28,11 +28,11 @@ throughput (`pacing.GapPacer`). `stats()` reports the pace and what it came from
 
 Several processes: each runs one such thread, one round after the other, so round n of every process meets round
 n of the others. A process whose stream is done keeps serving snapshots from `finish` until every process is done:
-each round first agrees on whether all processes have finished, and all threads stop after that same round. The
-same agreement takes the longest of the processes' paces, and every thread waits that long from the agreement,
-which they all leave together: the processes come to the next round at about the same moment. The first round waits
-for the process's training to be under way. Checkpoints need no pause: every process saves its own part, with no
-collective (`recovery.checkpointing`), a round in flight left out of it whole (`settled`).
+each round first agrees (`host_meeting`) on whether all processes have finished, and all threads stop after that
+same round. The same agreement takes the longest of the processes' paces, and every thread waits that long from the
+agreement, which they all leave together: the processes come to the next round at about the same moment. The
+first round waits for the process's training to be under way. Checkpoints need no pause: every process saves its own
+part, with no collective (`recovery.checkpointing`), a round in flight left out of it whole (`settled`).
 
 (Before, a round was a collective of the job's devices, dispatched by this thread: it waited on a process's devices,
 and the blocks queued behind it, for its peer's, up to a block, or a straggler's slow block; a 2 x 4 job measured
@@ -48,13 +48,12 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 
 from shadowsync_jax import hooks
-from shadowsync_jax.parallel import distributed
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.sync import algorithms
 from shadowsync_jax.sync import consensus
+from shadowsync_jax.sync import host_meeting
 from shadowsync_jax.sync import pacing
 from shadowsync_jax.sync import restarts
 from shadowsync_jax.sync import rounds
@@ -63,40 +62,6 @@ PyTree = Any
 _POLL_S = 0.05  # How often a waiting thread checks whether it was asked to stop.
 _HOST_COST_ROUNDS = 8  # The rounds whose host work's mean is the host cost of a round (`pacing.GapPacer`).
 _ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
-
-
-def _round_agreement(meshes: replicas.ReplicaMeshes):
-  """`agree(done, interval_s, stopped) -> (all_done, job_interval_s)`: whether every process of the job is done, and
-  the longest of their paces (None if `stopped()` became true while a peer was awaited); through the coordination
-  service when there are several processes (`distributed.Agreement`: a process waiting there for a late peer keeps
-  training; a collective would hold its devices, and its steps behind it, for as long)."""
-  if meshes.job is meshes.local:
-    return lambda done, interval_s, stopped=None: (done, interval_s)
-  agreement = distributed.Agreement('shadow_rounds')
-
-  def agree(done: bool, interval_s: float, stopped=lambda: False) -> tuple[bool, float] | None:
-    offers = agreement([done, interval_s], stopped)
-    if offers is None:
-      return None
-    return all(done for done, _ in offers), max(interval_s for _, interval_s in offers)
-
-  return agree
-
-
-def _host_sum(contributions_L: PyTree) -> PyTree:
-  """This process's replicas' contributions to a round, read from its devices and summed on the host, replica
-  after replica (no collective: `algorithms.met_rounds`)."""
-  return jax.tree.map(lambda leaf: leaf.sum(axis=0), jax.device_get(contributions_L))
-
-
-def _sums_meeting(meshes: replicas.ReplicaMeshes):
-  """`meet(vector, stopped) -> vectors`: every process's sums of a round, through the coordination service
-  (`distributed.VectorAgreement`; in one process, its own). No collective of the job: a process whose peer is late
-  waits on the host, and its devices go on training (a round's collective held them, and every block queued behind
-  it, until the peer's came: 0.13-0.15 s a round in a 2 x 4 job, paced 4-5 s apart)."""
-  if meshes.job is meshes.local:
-    return lambda vector, stopped: [vector]
-  return distributed.VectorAgreement('shadow_sums')
 
 
 class ShadowSync(hooks.Hook):
@@ -137,8 +102,8 @@ class ShadowSync(hooks.Hook):
     self._handed_over: tuple[PyTree, PyTree] | None = None
     # (led copy, snapshot, sync state) of a round served after the last step (`finish`), not met yet.
     self._served: tuple[PyTree, PyTree, PyTree] | None = None
-    self._agree = _round_agreement(meshes)
-    self._meet = _sums_meeting(meshes)
+    self._agree = host_meeting.round_agreement(meshes)
+    self._meet = host_meeting.sums_meeting(meshes)
     self._job_interval_s: float | None = None  # The longest pace of the processes, agreed at the last round.
     self._sync_state_R = None  # That of the last merged round; the thread runs ahead on its own copy.
     self._snapshot_wanted = threading.Event()
@@ -219,7 +184,7 @@ class ShadowSync(hooks.Hook):
       jax.block_until_ready(params_L)
       started = time.perf_counter()
       led_L, snapshot_L, contributions_L = self._hand_over_L(params_L, sync_state_L)
-      jax.block_until_ready(self._land_L(led_L, snapshot_L, sync_state_L, _host_sum(contributions_L)))
+      jax.block_until_ready(self._land_L(led_L, snapshot_L, sync_state_L, host_meeting.host_sum(contributions_L)))
       seconds.append(time.perf_counter() - started)
     return statistics.median(seconds[1:])
 
@@ -399,7 +364,7 @@ class ShadowSync(hooks.Hook):
         if contributions_L is None:
           return
         started, cpu_started = time.perf_counter(), time.thread_time()
-        job_mean = self._job_mean(contributions_L)
+        job_mean = host_meeting.job_mean(self._meet, contributions_L, self._num_replicas, self._stop.is_set)
         self._host_costs_s.append(time.thread_time() - cpu_started)  # Waits for the sums and the peers: no CPU.
         self._host_cost_s = statistics.fmean(self._host_costs_s)
         if job_mean is None or not self._put_result((job_mean, time.perf_counter() - started, all_done)) or all_done:
@@ -423,22 +388,6 @@ class ShadowSync(hooks.Hook):
       if left_s <= 0:
         return
       self._stop.wait(min(left_s, _POLL_S))
-
-  def _job_mean(self, contributions_L: PyTree) -> PyTree | None:
-    """The mean over the job's replicas of their contributions, from this process's sum (of its replicas', read
-    from its devices, in replica order) and every other process's, met on the host (None if stopped while a peer
-    was awaited): the same bits on every process, summed in process order."""
-    leaves, treedef = jax.tree.flatten(_host_sum(contributions_L))
-    sums = self._meet(np.concatenate([np.ravel(leaf) for leaf in leaves]), self._stop.is_set)
-    if sums is None:
-      return None
-    total = sums[0].copy()
-    for vector in sums[1:]:
-      total += vector
-    mean = total / np.float32(self._num_replicas)
-    offsets = np.cumsum([0] + [leaf.size for leaf in leaves])
-    pieces = [mean[a:b].reshape(leaf.shape) for leaf, a, b in zip(leaves, offsets[:-1], offsets[1:])]
-    return jax.tree.unflatten(treedef, pieces)
 
   def _next_snapshot(self) -> PyTree | None:
     self._snapshot_wanted.set()

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
+from shadowsync_jax.parallel import children
 from shadowsync_jax.parallel import history
-from shadowsync_jax.parallel import launcher
 from shadowsync_jax.recovery import schedule
 
 pytestmark = pytest.mark.xdist_group('jobs')  # Jobs of real processes run one at a time (pytest.ini).
@@ -137,7 +137,7 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
   assert any('block-reader' in cpu for r in generations for cpu in r['cpu_while_training'])  # Named for the OS.
   assert [len(r['standby_beside_cpu_s']) for r in generations] == [2, 2, 0]  # --max_restarts=2: no third.
   # Their imports so far: none yet is possible where a standby waits at the lowest priority on busy cores.
-  assert all(r['standby_waited_idle'] == launcher.standby_waits_idle() for r in generations)
+  assert all(r['standby_waited_idle'] == children.standby_waits_idle() for r in generations)
   assert all(seconds >= 0 for r in generations[:2] for seconds in r['standby_beside_cpu_s']), generations
   paced = {(r['generation'], r['process']) for r in records if r.get('event') == 'paced'}
   assert paced == {(g, p) for g in range(3) for p in range(2)}

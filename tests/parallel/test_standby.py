@@ -6,6 +6,7 @@ import os
 import pathlib
 import time
 
+from shadowsync_jax.parallel import children
 from shadowsync_jax.parallel import control
 from shadowsync_jax.parallel import fault_injection
 from shadowsync_jax.parallel import launcher
@@ -67,7 +68,7 @@ def test_a_prepared_generation_waits_until_it_runs_then_joins_with_the_environme
   own = [os.nice(0), _autogroup_nice()]
   waiting = [[int(x) for x in (tmp_path / f'nice_waiting_{p}').read_text().split()] for p in range(2)]
   lowest = [19, 19 if pathlib.Path('/proc/self/autogroup').exists() else 0]
-  assert waiting == [lowest if launcher.standby_waits_idle() else own] * 2
+  assert waiting == [lowest if children.standby_waits_idle() else own] * 2
   assert [j['nice'] for j in joined] == [own] * 2
 
 

@@ -11,6 +11,7 @@ from shadowsync_jax.parallel import replicas
 from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import live_state
 from shadowsync_jax.recovery import row_blocks
+from shadowsync_jax.recovery import training_state
 
 
 def _tree(meshes, value):
@@ -26,7 +27,7 @@ def test_saves_come_back_with_their_data_and_timelines_are_cut(tmp_path):
   assert not checkpointer.save(48, _tree(meshes, 0.0))  # Saved already.
   checkpointer.wait()
   assert checkpointer.all_steps() == [16, 32, 48] and (tmp_path / 'process_0' / '48').is_dir()
-  abstract = checkpointing.abstract_like(_tree(meshes, 0.0))
+  abstract = training_state.abstract_like(_tree(meshes, 0.0))
   tree, data = checkpointer.restore(32, abstract)
   np.testing.assert_array_equal(tree['train']['w'], np.full((4, 3), 32.0))
   assert data == {'step': 32, 'position': 33} and tree['train']['w'].sharding == abstract['train']['w'].sharding
@@ -51,7 +52,7 @@ def test_a_live_state_is_saved_exactly_or_from_its_newest_host_copy(tmp_path):
     time.sleep(0.01)
   assert keeper.save_latest() == 7 and keeper.steps() == [7]
   assert keeper.save(9, _tree(meshes, 9.0)) == 9 and keeper.steps() == [9]  # One live state at a time.
-  abstract = checkpointing.abstract_like(_tree(meshes, 0.0))
+  abstract = training_state.abstract_like(_tree(meshes, 0.0))
   restored = keeper.restore(9, abstract)
   np.testing.assert_array_equal(restored['train']['w'], np.full((4, 3), 9.0))
   assert restored['train']['n'].sharding == abstract['train']['n'].sharding
@@ -79,7 +80,7 @@ def test_a_large_state_is_saved_blocking_by_blocks_of_rows_and_comes_back_exactl
     'train_rows',
     'train_table',
   ]
-  abstract = checkpointing.abstract_like(tree)
+  abstract = training_state.abstract_like(tree)
   restored, data = checkpointer.restore(8, abstract)
   assert data == {'step': 8}
   for name, want in (('table', table), ('rows', table[:, :, 0]), ('small', np.arange(2.0))):

@@ -21,6 +21,7 @@ from shadowsync_jax.recovery import differentials
 from shadowsync_jax.recovery import incremental
 from shadowsync_jax.recovery import live_state
 from shadowsync_jax.recovery import modes as recovery_modes
+from shadowsync_jax.recovery import training_state
 
 L, V, D = 2, 1000, 3
 
@@ -72,7 +73,7 @@ def test_differentials_hold_the_rows_changed_since_the_baseline_and_restore_exac
     checkpointer.wait()
     if step == 30:  # Not a chain: 30 names the baseline of 10, and holds the rows of 20 too.
       assert checkpointer.baseline_of(20) == checkpointer.baseline_of(30) == 10
-      restored, data = checkpointer.restore(20, checkpointing.abstract_like(tree))
+      restored, data = checkpointer.restore(20, training_state.abstract_like(tree))
       _assert_equal(restored, saved[20])
       assert data == {'step': 20, 'position': 20}
   stats = checkpointer.stats()
@@ -85,7 +86,7 @@ def test_differentials_hold_the_rows_changed_since_the_baseline_and_restore_exac
   assert [checkpointer.baseline_of(s) for s in (40, 50)] == [40, 40]
   # keep=2: the two newest and what they need; 10, 20 and 30 went at the save of 50.
   assert checkpointer.all_steps() == [40, 50]
-  abstract = checkpointing.abstract_like(tree)
+  abstract = training_state.abstract_like(tree)
   restored, data = checkpointer.restore(50, abstract)
   _assert_equal(restored, saved[50])
   assert data['position'] == 50
@@ -109,7 +110,7 @@ def test_a_baseline_comes_when_half_the_rows_changed_not_when_the_differentials_
   checkpointer.save(6, tree)
   assert checkpointer.last_save['kind'] == 'baseline' and checkpointer.stats()['checkpoint_baselines'] == 1
   checkpointer.wait()
-  restored, _ = checkpointer.restore(5, checkpointing.abstract_like(tree))
+  restored, _ = checkpointer.restore(5, training_state.abstract_like(tree))
   assert int(np.asarray(restored['train'].step)[0]) == 5
   checkpointer.close()
 
@@ -128,7 +129,7 @@ def test_a_killed_differential_is_never_read_and_a_restart_keeps_what_restores_n
   (differentials / '24_8.npz.tmp').write_bytes(b'half a file')  # A kill mid-write.
   again = make()
   assert again.all_steps() == [8, 16] and not list(differentials.glob('*.tmp'))
-  restored, _ = again.restore(16, checkpointing.abstract_like(tree))
+  restored, _ = again.restore(16, training_state.abstract_like(tree))
   _assert_equal(restored, tree)
   for step in (24, 32, 40):  # Differentials of the baseline of 8: it stays while any of them is kept.
     tree = _train(tree, rng, step, 5)
@@ -156,7 +157,7 @@ def test_the_initial_state_is_the_first_baseline_rebuilt_never_written(tmp_path)
     keep=2,
     initial=build,
   )
-  checkpointer, abstract = make(build), checkpointing.abstract_like(initial)
+  checkpointer, abstract = make(build), training_state.abstract_like(initial)
   checkpointer.note_initial(initial)  # As a run that starts from it: its differentials say which one they need.
   tree = _train(initial, rng, 10, 30)
   assert checkpointer.save(10, tree, position=10)
@@ -202,7 +203,7 @@ def test_a_differential_is_refused_over_another_initial_state_or_into_other_shap
   tree = _train(initial, np.random.default_rng(2), 10, 30)
   saving.save(10, tree)
   saving.close()
-  abstract = checkpointing.abstract_like(initial)
+  abstract = training_state.abstract_like(initial)
   other_seed = _state(meshes, np.random.default_rng(4))
   refusing = make(copy(other_seed), {'seed': 4, 'data.cardinalities': [V, V]})
   with pytest.raises(checkpointing.MismatchError) as refused:
@@ -213,7 +214,7 @@ def test_a_differential_is_refused_over_another_initial_state_or_into_other_shap
   narrower = jax.tree.map(lambda x: x[:, : V - 10] if x.ndim >= 2 and x.shape[1] == V else x, initial)
   with pytest.raises(checkpointing.MismatchError, match=r"\['train'\].params\['embedding'\] is \[\[2, 1000, 3\]"):
     make(copy(narrower), {'seed': 3, 'data.cardinalities': [V, V - 10]}).restore(
-      10, checkpointing.abstract_like(narrower)
+      10, training_state.abstract_like(narrower)
     )
   _assert_equal(make(copy(initial), {'seed': 3}).restore(10, abstract)[0], tree)  # Settings are only said.
   assert differentials.fingerprint(initial) != differentials.fingerprint(other_seed)
@@ -259,7 +260,7 @@ def test_a_live_state_is_a_differential_over_the_checkpoints_baseline(tmp_path):
   with np.load(tmp_path / 'live' / '16.npz') as saved:
     assert json.loads(str(saved['meta']))['baseline'] == 10
     assert saved['ids:0'].size == int((saved_16['train'].row_steps[0] > 10).sum())
-  _assert_equal(keeper.restore(16, checkpointing.abstract_like(tree)), saved_16)
+  _assert_equal(keeper.restore(16, training_state.abstract_like(tree)), saved_16)
   checkpointer.close()
 
 

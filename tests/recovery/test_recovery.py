@@ -28,6 +28,7 @@ from shadowsync_jax.recovery import checkpointing
 from shadowsync_jax.recovery import emulated as recovery_lib
 from shadowsync_jax.recovery import failures
 from shadowsync_jax.recovery import intervals as checkpoint_interval
+from shadowsync_jax.recovery import training_state
 from shadowsync_jax.sync import foreground
 
 CARDINALITY = 10  # Rows of each of the 26 tables in the unit tests: V = 260.
@@ -117,7 +118,7 @@ def test_partial_restore_reads_only_the_kept_leaves(tmp_path, initial_state):
   recovery, _, checkpointer = _unit_recovery(tmp_path, initial_state, 'partial', {})
   state = initial_state
   checkpointer.wait()
-  abstract = checkpointing.abstract_like({'train': state})
+  abstract = training_state.abstract_like({'train': state})
   wanted = checkpointing.keep_leaves(abstract, lambda path: path == "['train'].params['embedding']")
   restored = checkpointer.restore_partial(0, wanted)['train']
   np.testing.assert_array_equal(restored.params['embedding'], state.params['embedding'])

@@ -24,11 +24,11 @@ import jax
 jax.config.update('jax_num_cpu_devices', 4)
 import jax.numpy as jnp
 from shadowsync_jax.parallel import distributed, replicas
-from shadowsync_jax.sync import shadow
+from shadowsync_jax.sync import host_meeting
 port, process = int(sys.argv[1]), int(sys.argv[2])
 distributed.initialize(f'127.0.0.1:{port}', num_processes=2, process_id=process, peer_timeout_s=20)
 meshes = replicas.make_meshes(8)  # 4 replicas a process, as the loop benchmark's job.
-agree = shadow._round_agreement(meshes)
+agree = host_meeting.round_agreement(meshes)
 offers = [((False, 0.2), (True, 0.7)), ((True, 0.1), (True, 0.3)), ((False, 0.5), (False, 0.5))]
 work = jax.jit(lambda x: jnp.einsum('rij,rjk->rik', x, x).sum(axis=(1, 2)))  # A step on this process's devices.
 x = jax.device_put(jnp.ones((4, 256, 256)), replicas.replica_sharding(meshes.local))

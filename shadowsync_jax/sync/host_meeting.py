@@ -1,0 +1,76 @@
+"""How a shadow round's processes meet on the host, with no collective of the job (`algorithms.met_rounds`): each
+round's agreement on whether every process is done and on the job's pace (`round_agreement`), and the mean of the
+replicas' contributions (`job_mean`): this process's replicas summed on the host (`host_sum`), every process's sum
+met through the coordination service (`sums_meeting`). In one process, its own.
+
+  agree, meet = round_agreement(meshes), sums_meeting(meshes)
+  all_done, interval_s = agree(done, interval_s, stopped)                 # None if stopped while a peer was awaited
+  mean = job_mean(meet, contributions_L, num_replicas, stopped)           # None likewise
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from shadowsync_jax.parallel import distributed
+from shadowsync_jax.parallel import replicas
+
+PyTree = Any
+
+
+def round_agreement(meshes: replicas.ReplicaMeshes):
+  """`agree(done, interval_s, stopped) -> (all_done, job_interval_s)`: whether every process of the job is done, and
+  the longest of their paces (None if `stopped()` became true while a peer was awaited); through the coordination
+  service when there are several processes (`distributed.Agreement`: a process waiting there for a late peer keeps
+  training; a collective would hold its devices, and its steps behind it, for as long)."""
+  if meshes.job is meshes.local:
+    return lambda done, interval_s, stopped=None: (done, interval_s)
+  agreement = distributed.Agreement('shadow_rounds')
+
+  def agree(done: bool, interval_s: float, stopped=lambda: False) -> tuple[bool, float] | None:
+    offers = agreement([done, interval_s], stopped)
+    if offers is None:
+      return None
+    return all(done for done, _ in offers), max(interval_s for _, interval_s in offers)
+
+  return agree
+
+
+def host_sum(contributions_L: PyTree) -> PyTree:
+  """This process's replicas' contributions to a round, read from its devices and summed on the host, replica
+  after replica (no collective: `algorithms.met_rounds`)."""
+  return jax.tree.map(lambda leaf: leaf.sum(axis=0), jax.device_get(contributions_L))
+
+
+def sums_meeting(meshes: replicas.ReplicaMeshes):
+  """`meet(vector, stopped) -> vectors`: every process's sums of a round, through the coordination service
+  (`distributed.VectorAgreement`; in one process, its own). No collective of the job: a process whose peer is late
+  waits on the host, and its devices go on training (a round's collective held them, and every block queued behind
+  it, until the peer's came: 0.13-0.15 s a round in a 2 x 4 job, paced 4-5 s apart)."""
+  if meshes.job is meshes.local:
+    return lambda vector, stopped: [vector]
+  return distributed.VectorAgreement('shadow_sums')
+
+
+def job_mean(
+  meet: Callable[[np.ndarray, Callable[[], bool]], list[np.ndarray] | None],
+  contributions_L: PyTree,
+  num_replicas: int,
+  stopped: Callable[[], bool],
+) -> PyTree | None:
+  """The mean over the job's replicas of their contributions, from this process's sum (of its replicas', read
+  from its devices, in replica order) and every other process's, met on the host (None if `stopped()` became
+  true while a peer was awaited): the same bits on every process, summed in process order."""
+  leaves, treedef = jax.tree.flatten(host_sum(contributions_L))
+  sums = meet(np.concatenate([np.ravel(leaf) for leaf in leaves]), stopped)
+  if sums is None:
+    return None
+  total = sums[0].copy()
+  for vector in sums[1:]:
+    total += vector
+  mean = total / np.float32(num_replicas)
+  offsets = np.cumsum([0] + [leaf.size for leaf in leaves])
+  pieces = [mean[a:b].reshape(leaf.shape) for leaf, a, b in zip(leaves, offsets[:-1], offsets[1:])]
+  return jax.tree.unflatten(treedef, pieces)
