@@ -180,7 +180,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     }
 
   examples_per_sec = lambda: [clock.examples_per_sec(batch_size)]
-  return gba_run.finish(run, server.state.params, examples_per_sec, emulation.lost_tokens, more=emulated_figures)
+  return gba_run.finish(
+    run, lambda: server.state.params, examples_per_sec, emulation.lost_tokens, more=emulated_figures
+  )
 
 
 class _RealClock:

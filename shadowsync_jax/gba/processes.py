@@ -28,6 +28,7 @@ gradients are applied; the training loop then saves with no other collective run
 """
 
 from collections.abc import Sequence
+import functools
 import pathlib
 import threading
 import time
@@ -355,7 +356,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       raise
     rounds, lost_tokens = rounds + exchange.rounds, lost_tokens + exchange.lost_tokens
 
-  params = jax.tree.map(np.asarray, server.state.params)
+  # The server model on the host, read once and only where the run evaluates it (not where it stopped early).
+  params = functools.cache(lambda: jax.tree.map(np.asarray, server.state.params))
   local_examples_per_sec = busy_steps * num_local * batch_size / busy_s if busy_s > 0 else 0.0
 
   def job_figures() -> dict[str, Any]:
@@ -363,7 +365,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     return {
       'net_bytes_sent': net_bytes_sent,  # Per process; null on 127.0.0.1 (parallel/network.py).
       'net_bytes_received': net_bytes_received,
-      'consensus_fingerprint_per_process': replicas.fingerprints_per_process(params),
+      'consensus_fingerprint_per_process': replicas.fingerprints_per_process(params()),
       **straggler.summary(delay, config.straggler.process),  # straggler_sleep_s, straggler_step_s
       'exchange_rounds': rounds,
     }

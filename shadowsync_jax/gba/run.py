@@ -6,7 +6,7 @@ only in how the workers' steps reach the server between two boundaries:
   run = gba_run.start(config, workdir, meshes)       # run.server, run.train_source, run.start_step, ...
   for boundary in gba_run.segments(run):             # saves the server model after each
     ...                                              # the workers' steps up to `boundary`
-  return gba_run.finish(run, params, examples_per_sec_per_process, lost_tokens, more=lambda: {...})
+  return gba_run.finish(run, lambda: params, examples_per_sec_per_process, lost_tokens, more=lambda: {...})
 """
 
 from collections.abc import Callable, Iterator
@@ -98,15 +98,15 @@ def segments(run: ServerRun) -> Iterator[int]:
 
 def finish(
   run: ServerRun,
-  params: Any,
+  params: Callable[[], Any],
   examples_per_sec_per_process: Callable[[], list[float | None]],
   lost_tokens: int,
   more: Callable[[], dict[str, Any]] = dict,
 ) -> dict[str, Any]:
   """The run's end: {'stopped_at_step': step} where `train.stop_at_step` stopped it; else the evaluation of
-  `params` (the server model) and the summary (train.py's keys, `examples_per_sec_per_process()`'s figures and
-  `more()`'s), written to summary.json by process 0 and returned. Both callables run after the evaluation, on every
-  process (they may gather across the job)."""
+  `params()` (the server model, asked for only then) and the summary (train.py's keys,
+  `examples_per_sec_per_process()`'s figures and `more()`'s), written to summary.json by process 0 and returned.
+  The last two run after the evaluation, on every process (they may gather across the job)."""
   run.checkpointer.close()
   run.progress_line.finish()
   if run.stop_step < run.total_steps:
@@ -114,7 +114,7 @@ def finish(
     print(f'Stopped at step {run.stop_step} of {run.total_steps}; rerun with the same workdir to resume.')
     return {'stopped_at_step': run.stop_step}
   config = run.config
-  predict = evaluation.one_model(config.model, config.data.cardinalities, params)
+  predict = evaluation.one_model(config.model, config.data.cardinalities, params())
   eval_metrics = evaluation.evaluate(predict, run.eval_source, config.train.eval_batch_size)
   summary = server_lib.server_summary(
     eval_metrics,
