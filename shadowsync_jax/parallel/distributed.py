@@ -5,7 +5,7 @@
   distributed.report(step, phase='train')      # progress the peers watch: a peer whose step stalls is hung
   values = distributed.exchange('plan', mine)  # every process's value, in process order (the key-value store)
   agree = distributed.Agreement('rounds')      # the same, again at every call (agree(value, stopped) -> values)
-  meet = distributed.VectorAgreement('sums')   # the same for float32 vectors (meet(vector, stopped) -> vectors)
+  links = distributed.peer_links('sums')       # the same over direct connections (links.meet(vector, stopped))
   if distributed.peer_lost():                  # at a step boundary: save what survives, exit PEER_LOST
   distributed.fail(error)               # on an exception: ends this process, blaming it or a peer that is gone
   distributed.finish()                  # normal end: the peers stop watching this process; shuts the runtime down
@@ -39,9 +39,9 @@ import traceback
 from typing import Any, NoReturn
 
 import jax
-import numpy as np
 
 from shadowsync_jax.parallel import network
+from shadowsync_jax.parallel import peer_links as peer_links_lib
 from shadowsync_jax.parallel import peer_watchdog
 from shadowsync_jax.parallel import private_apis
 
@@ -182,59 +182,25 @@ class Agreement:
     return f'{_PREFIX}/agreement/{self._name}/{call}/{process}'
 
 
-class VectorAgreement:
-  """`Agreement` for float32 vectors (a shadow round's sums, `sync.shadow`): every process's vector at each call, in
-  process order, as bytes in chunks of at most `chunk_bytes` (the service's messages stay small). No collective: a
-  process that waits here for a late peer holds none of its devices, and its training goes on.
+def peer_links(name: str) -> peer_links_lib.PeerLinks:
+  """Direct connections between the job's processes (`peer_links`): what each process offers at a call, met with
+  no collective and nothing through the coordination service but where each listens. Connected at the first call,
+  from the address this process reaches the coordinator from; in a one-process run, a call returns its own."""
+  if _watchdog is None:
+    return peer_links_lib.PeerLinks(name, 0, 1, '127.0.0.1', publish=None, lookup=None)
+  client = private_apis.distributed_client()
 
-    meet = distributed.VectorAgreement('shadow_sums')
-    vectors = meet(vector, stopped=event.is_set)   # None if `stopped()` became true while a peer was awaited
-  """
+  def publish(key: str, value: str) -> None:
+    client.key_value_set(f'{_PREFIX}/{key}', value)
 
-  def __init__(self, name: str, chunk_bytes: int = 1 << 20):
-    self._name, self._chunk_bytes, self._calls = name, chunk_bytes, 0
+  def lookup(key: str, stopped: Callable[[], bool]) -> str | None:
+    while (value := _get_within(client, f'{_PREFIX}/{key}', _AGREEMENT_POLL_MS)) is None:
+      if stopped():
+        return None
+    return value
 
-  def __call__(self, vector: np.ndarray, stopped: Callable[[], bool] = lambda: False) -> list[np.ndarray] | None:
-    vector = np.ascontiguousarray(vector, np.float32)
-    if _watchdog is None:
-      return [vector]
-    client, me, call = private_apis.distributed_client(), _watchdog.process_id, self._calls
-    data = vector.tobytes()
-    chunks = max(1, -(-len(data) // self._chunk_bytes))  # The same count on every process: vectors of one size.
-    for chunk in range(chunks):
-      client.key_value_set_bytes(
-        self._key(call, me, chunk), data[chunk * self._chunk_bytes : (chunk + 1) * self._chunk_bytes]
-      )
-    vectors = []
-    for process in range(_watchdog.num_processes):
-      if process == me:  # Its own, as it was set: not read back through the service.
-        vectors.append(vector)
-        continue
-      pieces = []
-      for chunk in range(chunks):
-        while (got := _get_bytes_within(client, self._key(call, process, chunk), _AGREEMENT_POLL_MS)) is None:
-          if stopped():
-            return None
-        pieces.append(got)
-      vectors.append(np.frombuffer(b''.join(pieces), np.float32))
-    if call >= 2:  # Every peer has read call n - 2: it set its call n - 1 after reading it.
-      for chunk in range(chunks):
-        client.key_value_delete(self._key(call - 2, me, chunk))
-    self._calls += 1
-    return vectors
-
-  def _key(self, call: int, process: int, chunk: int) -> str:
-    return f'{_PREFIX}/vectors/{self._name}/{call}/{process}/{chunk}'
-
-
-def _get_bytes_within(client, key: str, timeout_ms: int) -> bytes | None:
-  """The bytes of `key`, or None if it was not set within `timeout_ms`."""
-  try:
-    return client.blocking_key_value_get_bytes(key, timeout_ms)
-  except Exception as error:  # pylint: disable=broad-except
-    if 'DEADLINE_EXCEEDED' in str(error):
-      return None
-    raise
+  address = network.local_address_towards(network.coordinator_address())
+  return peer_links_lib.PeerLinks(name, _watchdog.process_id, _watchdog.num_processes, address, publish, lookup)
 
 
 def _get_within(client, key: str, timeout_ms: int) -> str | None:

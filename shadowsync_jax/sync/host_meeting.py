@@ -1,9 +1,10 @@
 """How a shadow round's processes meet on the host, with no collective of the job (`algorithms.met_rounds`): each
 round's agreement on whether every process is done and on the job's pace (`round_agreement`), and the mean of the
 replicas' contributions (`job_mean`): this process's replicas summed on the host (`host_sum`), every process's sum
-met through the coordination service (`sums_meeting`). In one process, its own.
+met over direct connections between the processes (`sums_meeting`, `parallel.peer_links`). In one process, its own.
 
-  agree, meet = round_agreement(meshes), sums_meeting(meshes)
+  links = peer_links(meshes)                                              # one set of connections for both
+  agree, meet = round_agreement(meshes, links), sums_meeting(meshes, links)
   all_done, interval_s = agree(done, interval_s, stopped)                 # None if stopped while a peer was awaited
   mean = job_mean(meet, contributions_L, num_replicas, stopped)           # None likewise
 """
@@ -15,25 +16,31 @@ import jax
 import numpy as np
 
 from shadowsync_jax.parallel import distributed
+from shadowsync_jax.parallel import peer_links as peer_links_lib
 from shadowsync_jax.parallel import replicas
 
 PyTree = Any
 
 
-def round_agreement(meshes: replicas.ReplicaMeshes):
+def peer_links(meshes: replicas.ReplicaMeshes) -> peer_links_lib.PeerLinks | None:
+  """The connections a driver's rounds meet over (None in one process: nothing to meet)."""
+  return None if meshes.job is meshes.local else distributed.peer_links('shadow_rounds')
+
+
+def round_agreement(meshes: replicas.ReplicaMeshes, links: peer_links_lib.PeerLinks | None = None):
   """`agree(done, interval_s, stopped) -> (all_done, job_interval_s)`: whether every process of the job is done, and
-  the longest of their paces (None if `stopped()` became true while a peer was awaited); through the coordination
-  service when there are several processes (`distributed.Agreement`: a process waiting there for a late peer keeps
-  training; a collective would hold its devices, and its steps behind it, for as long)."""
+  the longest of their paces (None if `stopped()` became true while a peer was awaited); over `links` (or links of
+  its own) when there are several processes: a process waiting there for a late peer keeps training (a collective
+  would hold its devices, and its steps behind it, for as long)."""
   if meshes.job is meshes.local:
     return lambda done, interval_s, stopped=None: (done, interval_s)
-  agreement = distributed.Agreement('shadow_rounds')
+  links = links or peer_links(meshes)
 
   def agree(done: bool, interval_s: float, stopped=lambda: False) -> tuple[bool, float] | None:
-    offers = agreement([done, interval_s], stopped)
+    offers = links.meet(np.array([float(done), interval_s], np.float64), stopped)
     if offers is None:
       return None
-    return all(done for done, _ in offers), max(interval_s for _, interval_s in offers)
+    return all(bool(done) for done, _ in offers), float(max(interval_s for _, interval_s in offers))
 
   return agree
 
@@ -44,14 +51,14 @@ def host_sum(contributions_L: PyTree) -> PyTree:
   return jax.tree.map(lambda leaf: leaf.sum(axis=0), jax.device_get(contributions_L))
 
 
-def sums_meeting(meshes: replicas.ReplicaMeshes):
-  """`meet(vector, stopped) -> vectors`: every process's sums of a round, through the coordination service
-  (`distributed.VectorAgreement`; in one process, its own). No collective of the job: a process whose peer is late
-  waits on the host, and its devices go on training (a round's collective held them, and every block queued behind
-  it, until the peer's came: 0.13-0.15 s a round in a 2 x 4 job, paced 4-5 s apart)."""
+def sums_meeting(meshes: replicas.ReplicaMeshes, links: peer_links_lib.PeerLinks | None = None):
+  """`meet(vector, stopped) -> vectors`: every process's sums of a round, over `links` (or links of its own;
+  in one process, its own). No collective of the job: a process whose peer is late waits on the host, and its
+  devices go on training (a round's collective held them, and every block queued behind it, until the peer's
+  came: 0.13-0.15 s a round in a 2 x 4 job, paced 4-5 s apart)."""
   if meshes.job is meshes.local:
     return lambda vector, stopped: [vector]
-  return distributed.VectorAgreement('shadow_sums')
+  return (links or peer_links(meshes)).meet
 
 
 def job_mean(

@@ -13,7 +13,8 @@ A round costs the trainers the device time of its own programs, and the host wor
 replicas meet without a collective that holds the devices (`shadow`: on the host; `scheduled`: inside a block, no
 step beside it). So the device cost is timed directly, on copies of the params before training goes on
 (`CALIBRATION_ROUNDS` after a warm-up: the median); the host cost (`shadow`'s thread: its sums read, sent, met and
-averaged; the CPU seconds of that thread, measured round by round) is added as it is measured. For rounds P seconds
+averaged; and the training thread's work at the round's two boundaries: the CPU seconds of each, measured round by
+round) is added as it is measured. For rounds P seconds
 apart costing c in all, the throughput lost is c / P:
 
   P = c / max_overhead,   the gap in steps = ceil(P / t)   for a mean step time t.

@@ -15,16 +15,17 @@ asks for a snapshot; at its next block boundary, before the next block, the trai
 that lands the round's lead on the live params (each replica's own part of the round: EA's pull, BMUF's momentum
 step), keeps a copy `s` of the params as they were, and computes each replica's contribution to the round (what
 the algorithm averages); the thread reads them, sums this process's on the host (no collective even among its own
-devices: one waits for the slowest device's block), meets every process's sum (`distributed.VectorAgreement`,
-through the coordination service: no collective, so no device waits for a peer) and posts the job's mean; at the
-next boundary after that, a second program lands the rest of the round, `s' - s - lead`, into the live params,
+devices: one waits for the slowest device's block), meets every process's sum (`parallel.peer_links`: a
+direct connection to each other process; no collective, so no device waits for a peer) and posts the job's mean; at
+the next boundary after that, a second program lands the rest of the round, `s' - s - lead`, into the live params,
 keeping the local steps made meanwhile. A boundary hands a snapshot over only once the round before has landed, so a
 snapshot holds every earlier round. An exception in the thread is re-raised at the first boundary after it happened.
 
 Pace: a round starts no sooner than `min_interval_s` after the last one started. With 'auto' the interval is the
-round's device time (its two programs, timed by `start` on copies) over the budget, `max_overhead` of the trainers'
-throughput (`pacing.GapPacer`). `stats()` reports the pace and what it came from, and how late rounds land
-(`mean_merge_lag_steps`, `mean_round_latency_s`).
+round's cost over the budget, `max_overhead` of the trainers' throughput (`pacing.GapPacer`): its device time (its
+two programs, timed by `start` on copies) and its host work (the thread's, and the training thread's at the
+round's boundaries: CPU seconds, measured round by round). `stats()` reports the pace and what it came from, and
+how late rounds land (`mean_merge_lag_steps`, `mean_round_latency_s`).
 
 Several processes: each runs one such thread, one round after the other, so round n of every process meets round
 n of the others. A process whose stream is done keeps serving snapshots from `finish` until every process is done:
@@ -102,8 +103,9 @@ class ShadowSync(hooks.Hook):
     self._handed_over: tuple[PyTree, PyTree] | None = None
     # (led copy, snapshot, sync state) of a round served after the last step (`finish`), not met yet.
     self._served: tuple[PyTree, PyTree, PyTree] | None = None
-    self._agree = host_meeting.round_agreement(meshes)
-    self._meet = host_meeting.sums_meeting(meshes)
+    self._links = host_meeting.peer_links(meshes)
+    self._agree = host_meeting.round_agreement(meshes, self._links)
+    self._meet = host_meeting.sums_meeting(meshes, self._links)
     self._job_interval_s: float | None = None  # The longest pace of the processes, agreed at the last round.
     self._sync_state_R = None  # That of the last merged round; the thread runs ahead on its own copy.
     self._snapshot_wanted = threading.Event()
@@ -120,6 +122,11 @@ class ShadowSync(hooks.Hook):
     # mean: on the training process's cores, a cost of the round beside its programs' device time (`pacing`).
     self._host_costs_s: collections.deque[float] = collections.deque(maxlen=_HOST_COST_ROUNDS)
     self._host_cost_s = 0.0
+    # The training thread's CPU seconds at the boundaries of each of its last rounds (dispatching the hand-over and
+    # the landing, the sync state's arrays), and their mean: the round's host work on that thread.
+    self._boundary_costs_s: collections.deque[float] = collections.deque(maxlen=_HOST_COST_ROUNDS)
+    self._boundary_cost_s = 0.0
+    self._boundary_cpu_s = 0.0  # Since the last landing.
     self._first_round_after_s = 0.0
     self._training = threading.Event()  # The training thread has passed `_first_snapshot_step`.
 
@@ -201,7 +208,13 @@ class ShadowSync(hooks.Hook):
     """Before the block from `b.step`: raise the thread's error, merge a finished round, hand over a wanted
     snapshot."""
     self._raise_if_failed()
+    cpu_started, before = time.thread_time(), (self._gaps.rounds, self._in_flight)
     b.state = self._step_boundary(b.state, b.step)
+    if (self._gaps.rounds, self._in_flight) != before:  # A round landed or was handed over here.
+      self._boundary_cpu_s += time.thread_time() - cpu_started
+      if self._gaps.rounds != before[0]:
+        self._boundary_costs_s.append(self._boundary_cpu_s)
+        self._boundary_cost_s, self._boundary_cpu_s = statistics.fmean(self._boundary_costs_s), 0.0
 
   def at_boundary(self, b: hooks.Boundary) -> None:
     """After dispatching a block of `b.steps` steps: raise the thread's error, time the steps for the pace.
@@ -218,7 +231,7 @@ class ShadowSync(hooks.Hook):
     self._clock.boundary(time.perf_counter(), b.steps, b.waited, b.paused_s)
     if b.step >= self._first_snapshot_step:
       self._training.set()
-    self._pacer.observe_host_cost(self._host_cost_s)
+    self._pacer.observe_host_cost(self._host_cost_s + self._boundary_cost_s)
     self._interval_s = self._pacer.interval_s()
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
@@ -373,6 +386,9 @@ class ShadowSync(hooks.Hook):
     except BaseException as error:  # pylint: disable=broad-except  (handed to the training thread as it is)
       self._error = error
       self._failed.set()
+    finally:
+      if self._links is not None:  # No round meets after this one: every peer has read this process's last.
+        self._links.close()
 
   def _wait_for_the_next_round(self, round_start: float) -> None:
     """Until the pace after `round_start`: the longest the processes agreed on at that round, or this process's own

@@ -2,8 +2,9 @@
 
 Each process offers whether its stream is done and its own pace; both must leave with the same answer: done only
 when every process is, and the longest pace (so that they come to the next round together). The agreement goes
-through the coordination service: a process that waits there for a late peer keeps its devices (as a collective it
-held them, and the training steps queued behind it waited as long), and a stopped thread leaves it.
+over direct connections between the processes (`parallel.peer_links`), no collective: a process that waits there
+for a late peer keeps its devices (as a collective it held them, and the training steps queued behind it waited as
+long), and a stopped thread leaves it.
 """
 
 import os

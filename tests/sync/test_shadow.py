@@ -505,6 +505,27 @@ def test_the_pace_is_the_timed_cost_of_a_round_over_the_budget():
   _within(TIMEOUT_S, lambda: fixed.driver.finish(fixed.state))
 
 
+def test_the_pace_counts_the_training_threads_work_at_a_rounds_boundaries(monkeypatch):
+  """A round's host cost holds what the training thread spends on it (dispatching its landing, here made to burn
+  50 ms of CPU), besides the thread's own work: a pace that left it out would spend more than its budget."""
+  loop = Loop(_driver('ma', 4, min_interval_s=0.0), 4)
+  land = loop.driver._land_L  # pylint: disable=protected-access
+
+  def dear_land(*args):
+    started = time.thread_time()
+    while time.thread_time() - started < 0.05:
+      continue
+    return land(*args)
+
+  _start(loop)
+  monkeypatch.setattr(loop.driver, '_land_L', dear_land)
+  loop.wait_for_rounds(3)
+  loop.run(1)  # The boundary after a landing hands its cost to the pace.
+  host_s = loop.driver.stats()['sync_round_host_s']
+  _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  assert 0.05 <= host_s < 1.0, host_s
+
+
 def test_finish_does_not_wait_out_the_pace():
   loop = Loop(_driver('ma', 4, min_interval_s=1000.0), 4)
   thread = _start(loop)
