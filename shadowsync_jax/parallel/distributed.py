@@ -4,8 +4,7 @@
   ...                                   # jax.devices(): the job's devices; jax.local_devices(): this process's
   distributed.report(step, phase='train')      # progress the peers watch: a peer whose step stalls is hung
   values = distributed.exchange('plan', mine)  # every process's value, in process order (the key-value store)
-  agree = distributed.Agreement('rounds')      # the same, again at every call (agree(value, stopped) -> values)
-  links = distributed.peer_links('sums')       # the same over direct connections (links.meet(vector, stopped))
+  links = distributed.peer_links('sums')       # the same again at every call, over direct connections (links.meet)
   if distributed.peer_lost():                  # at a step boundary: save what survives, exit PEER_LOST
   distributed.fail(error)               # on an exception: ends this process, blaming it or a peer that is gone
   distributed.finish()                  # normal end: the peers stop watching this process; shuts the runtime down
@@ -24,8 +23,8 @@ deadline, so a guard thread that makes none watches the watchdog). Then `peer_lo
 loop that checks it at its step boundaries (`handle_peer_loss(True)`) gets the time of a few steps to save what it
 holds and exit with `exit_codes.PEER_LOST`; any other process, or one whose training thread is stuck in a collective, is
 ended by the watchdog with that code (`peer_watchdog`: the heartbeat, the watching, the grace and the exit). This
-module is the job's interface: joining it, the watchdog's reports, the exchanges and agreements through the
-key-value store, and the ends of a process.
+module is the job's interface: joining it, the watchdog's reports, the exchanges through the key-value store,
+the direct links between the processes (`peer_links`), and the ends of a process.
 """
 
 from collections.abc import Callable
@@ -47,7 +46,7 @@ from shadowsync_jax.parallel import private_apis
 
 _PREFIX = peer_watchdog.PREFIX
 _EXCHANGE_TIMEOUT_MS = 300_000
-_AGREEMENT_POLL_MS = 50  # How often an `Agreement` waiting for a peer asks whether it was stopped.
+_LOOKUP_POLL_MS = 50  # How often a `peer_links` lookup waiting for a peer asks whether it was stopped.
 
 _watchdog: peer_watchdog.PeerWatchdog | None = None
 
@@ -149,39 +148,6 @@ def exchange(name: str, value: Any) -> list[Any]:
   ]
 
 
-class Agreement:
-  """Every process's value at each call, in process order: the n-th call of each process meets the n-th of the
-  others, through the coordination service. No collective: a process that waits here for a late peer holds none of
-  its devices (a collective would, and its training steps, queued behind it on those devices, would wait too).
-
-    agree = distributed.Agreement('shadow_rounds')
-    values = agree(value, stopped=event.is_set)   # None if `stopped()` became true while a peer was awaited
-  """
-
-  def __init__(self, name: str):
-    self._name, self._calls = name, 0
-
-  def __call__(self, value: Any, stopped: Callable[[], bool] = lambda: False) -> list[Any] | None:
-    if _watchdog is None:
-      return [value]
-    client, me, call = private_apis.distributed_client(), _watchdog.process_id, self._calls
-    client.key_value_set(self._key(call, me), json.dumps(value))
-    values = []
-    for process in range(_watchdog.num_processes):
-      while (got := _get_within(client, self._key(call, process), _AGREEMENT_POLL_MS)) is None:
-        if stopped():
-          return None
-      values.append(json.loads(got))
-    # Every peer has read this process's value of call n - 2: it set its own value of call n - 1 after reading it.
-    if call >= 2:
-      client.key_value_delete(self._key(call - 2, me))
-    self._calls += 1
-    return values
-
-  def _key(self, call: int, process: int) -> str:
-    return f'{_PREFIX}/agreement/{self._name}/{call}/{process}'
-
-
 def peer_links(name: str) -> peer_links_lib.PeerLinks:
   """Direct connections between the job's processes (`peer_links`): what each process offers at a call, met with
   no collective and nothing through the coordination service but where each listens. Connected at the first call,
@@ -194,7 +160,7 @@ def peer_links(name: str) -> peer_links_lib.PeerLinks:
     client.key_value_set(f'{_PREFIX}/{key}', value)
 
   def lookup(key: str, stopped: Callable[[], bool]) -> str | None:
-    while (value := _get_within(client, f'{_PREFIX}/{key}', _AGREEMENT_POLL_MS)) is None:
+    while (value := _get_within(client, f'{_PREFIX}/{key}', _LOOKUP_POLL_MS)) is None:
       if stopped():
         return None
     return value
