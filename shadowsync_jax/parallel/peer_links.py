@@ -111,8 +111,11 @@ class PeerLinks:
         if where is None:
           return None
         host, port = json.loads(where)
-        peer = socket.create_connection((host, port))
-        peer.sendall(_HELLO.pack(self._me))
+        try:
+          peer = socket.create_connection((host, port))
+          peer.sendall(_HELLO.pack(self._me))
+        except OSError:  # Gone, or unreachable, since it published where it listens.
+          return self._wait_until(stopped)
         peers[process] = peer
       while len(peers) < self._num_processes - 1:
         try:

@@ -1,5 +1,7 @@
 """Direct links between a job's processes (`parallel.peer_links`), the processes played by threads of one test."""
 
+import json
+import socket
 import threading
 import time
 
@@ -126,3 +128,15 @@ def test_the_links_connect_whichever_process_comes_first(num_processes):
 
   results = _in_threads([lambda p=p: process(p) for p in range(num_processes)])
   assert all([float(v[0]) for v in got] == list(range(num_processes)) for got in results)
+
+
+def test_a_peer_that_published_and_went_leaves_the_other_waiting_until_stopped():
+  store = _Store()
+  gone = socket.create_server(('127.0.0.1', 0))
+  store.publish('peer_links/test/0', json.dumps(['127.0.0.1', gone.getsockname()[1]]))
+  gone.close()  # Process 0 listened, published, and died: its port refuses.
+  links = _links(2, store)
+  stop = threading.Event()
+  threading.Timer(0.3, stop.set).start()
+  assert links[1].meet(np.ones(3, np.float32), stop.is_set) is None
+  assert stop.is_set()
