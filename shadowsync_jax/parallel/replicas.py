@@ -141,27 +141,39 @@ def make_replicated_step(
   return jax.jit(sharded, donate_argnums=0)
 
 
+class Between(NamedTuple):
+  """Rounds fused into a block (`make_replicated_block`), per device, from the block's carry: `next_at(carry, done)
+  -> int32`, the count of the block's steps done at which the next round after `done` falls (past the block's
+  steps: no more in it); `round(state, carry) -> (state, carry)`, one round (`sync.scheduled`)."""
+
+  next_at: Callable[[PyTree, jax.Array], jax.Array]
+  round: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
+
+
 def make_replicated_block(
   step_fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
   mesh: Mesh,
-  between: Callable[[jax.Array, PyTree, PyTree], tuple[PyTree, PyTree]] | None = None,
+  between: Between | None = None,
 ) -> 'BlockProgram':
   """`block(state_R, batches_RxK, steps_R, full=False) -> (state_R, metrics_RxK)`: `steps` <= K steps of `step_fn`,
   one after the other on each device, in one dispatch (docs/design.md §13); the state donated.
 
-  With `between(k, state, carry) -> (state, carry)` (per device, after the block's step k, k from 0: a sync round
-  fused into the block, `sync.scheduled`), the block takes a carry and returns it (not donated: small, and its
-  parts may be reused): `block(state_R, batches_RxK, steps_R, carry_R, full=False) -> (state_R, metrics_RxK,
-  carry_R)`.
+  With `between` (`Between`: sync rounds fused into the block, `sync.scheduled`), the block takes a carry and
+  returns it (not donated: small, and its parts may be reused): `block(state_R, batches_RxK, steps_R, carry_R,
+  full=False) -> (state_R, metrics_RxK, carry_R)`. The steps run in stretches from one round to the next, each
+  round between two stretches: no test in the steps' loop, so the steps between rounds run as they do without
+  (a round behind a `lax.cond` after every step had XLA copy the state through the untaken branch at every step:
+  the default config's `shadow_ea` blocks took 3-5% longer with no round in them, issue 64).
 
   Batches come [R, K, B, ...] (replica first, like every replicated array here, `shard` places them) and step k
   reads `batches[:, k]`; the metrics come back [R, K], those of steps past `steps` zero. `steps` is an int32 array
   [R] of one value, an argument, not a constant: a block cut short by an event runs the same compiled program
   (one program per K, not per block length). `full=True` says `steps` is K: a second program whose loop has a
-  static trip count. (On a GPU, XLA's loop with a trip count known only on the device has the host read its test
-  after every step: on an H200 the default config's block kept the GPU 83-87% busy that way, against 95-98% and
-  1.23-1.28x the examples a second with the count static; BUILD.md.) Collectives in `step_fn` (sync SGD, sharded
-  tables) run in every step, so every device of the mesh must run the same number of steps.
+  static trip count (with rounds fused in, the stretches' counts are known on the device only). (On a GPU, XLA's
+  loop with a trip count known only on the device has the host read its test after every step: on an H200 the
+  default config's block kept the GPU 83-87% busy that way, against 95-98% and 1.23-1.28x the examples a second
+  with the count static; BUILD.md.) Collectives in `step_fn` (sync SGD, sharded tables) run in every step, so
+  every device of the mesh must run the same number of steps.
   """
 
   def per_device(state_1, batches_1xK, steps_1, *carry_1, full: bool):
@@ -175,17 +187,30 @@ def make_replicated_block(
     metrics_K = jax.tree.map(zeros, metrics_shape)  # Per device, as the steps' metrics are.
 
     def one_step(k, loop_carry):
-      state, metrics_K, carry = loop_carry
+      state, metrics_K = loop_carry
       state, metrics = step_fn(state, batch_at(k))
-      if between is not None:
-        state, carry = between(k, state, carry)
       metrics_K = jax.tree.map(lambda all_, m: lax.dynamic_update_index_in_dim(all_, m, k, 0), metrics_K, metrics)
-      return state, metrics_K, carry
+      return state, metrics_K
 
-    carry = squeeze(carry_1[0]) if carry_1 else None
-    state, metrics_K, carry = lax.fori_loop(0, num_steps, one_step, (state, metrics_K, carry))
     if between is None:
+      state, metrics_K = lax.fori_loop(0, num_steps, one_step, (state, metrics_K))
       return unsqueeze(state), unsqueeze(metrics_K)
+
+    def more_rounds(loop_carry):
+      done, _, _, carry = loop_carry
+      return between.next_at(carry, done) <= num_steps
+
+    def stretch_and_round(loop_carry):
+      done, state, metrics_K, carry = loop_carry
+      at = between.next_at(carry, done)
+      state, metrics_K = lax.fori_loop(done, at, one_step, (state, metrics_K))
+      state, carry = between.round(state, carry)
+      return at, state, metrics_K, carry
+
+    carry = squeeze(carry_1[0])
+    none_done = jnp.zeros_like(steps_1[0])  # Per device, as `next_at`'s counts are.
+    done, state, metrics_K, carry = lax.while_loop(more_rounds, stretch_and_round, (none_done, state, metrics_K, carry))
+    state, metrics_K = lax.fori_loop(done, num_steps, one_step, (state, metrics_K))
     return unsqueeze(state), unsqueeze(metrics_K), unsqueeze(carry)
 
   spec = P(REPLICA_AXIS)

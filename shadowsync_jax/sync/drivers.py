@@ -62,9 +62,9 @@ class SyncDriver(Protocol):
     """The first step after `step` at whose boundary it must act (a round due); None: any boundary will do."""
 
   def between_steps(self) -> Any:
-    """`between(k, state, carry) -> (state, carry)`: rounds fused into the loop's blocks, run on each device after
-    a block's step k (`replicas.make_replicated_block`), or None. With one, the loop asks `block_carry(step, steps)`
-    for each block's carry and hands the block's back to `after_block(carry)`."""
+    """Rounds fused into the loop's blocks, run on each device between two of a block's steps
+    (`replicas.Between`, `replicas.make_replicated_block`), or None. With them, the loop asks
+    `block_carry(step, steps)` for each block's carry and hands the block's back to `after_block(carry)`."""
 
   def before_block(self, b: hooks.Boundary) -> None:
     """At the boundary `b.state` is at (`b.step`), right before the loop dispatches the next block: the device work

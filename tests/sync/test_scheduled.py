@@ -77,7 +77,8 @@ def _blocks_with_fused_rounds(name: str, blocks: list[int], block_steps: int, ga
     block = input_pipeline.read_block(source, 4, config.batch_size, step, steps, block_steps)
     steps_L = replicas.shard(np.full(4, steps, np.int32), meshes.local)
     carry = driver.block_carry(step, steps)
-    state, _, carry = train_block(state, replicas.shard(block, meshes.local), steps_L, carry)
+    # Full blocks run the program of all K steps, as the loop's dispatcher has them (`train.all_steps_program`).
+    state, _, carry = train_block(state, replicas.shard(block, meshes.local), steps_L, carry, full=steps == block_steps)
     driver.after_block(carry)
     step += steps
   return jax.device_get(state.params), jax.device_get(driver.sync_state()), driver.stats()
@@ -103,9 +104,10 @@ def _blocks_with_foreground_rounds(name: str, num_steps: int, gap: int = 5):
 
 @pytest.mark.parametrize('name', ['ma', 'ea', 'bmuf'])
 def test_fused_rounds_land_at_their_steps_whatever_the_blocks(name):
-  """Rounds fused into blocks every 5 steps: blocks of 3, 4, 6, 2, 5 and blocks of 5 train the same bits, and the
-  same model (to float reassociation) as a foreground round after every 5 steps: a fused round is the round, at the
-  step it was planned for, landed whole."""
+  """Rounds fused into blocks every 5 steps: blocks of 3, 4, 6, 2, 5 (of K = 6: the one of 6 runs the program of all
+  K steps, the others the one of any) and blocks of all K = 5 train the same bits, and the same model (to float
+  reassociation) as a foreground round after every 5 steps: a fused round is the round, at the step it was planned
+  for, landed whole."""
   cut, cut_sync, cut_stats = _blocks_with_fused_rounds(name, [3, 4, 6, 2, 5], block_steps=6)
   even, even_sync, _ = _blocks_with_fused_rounds(name, [5, 5, 5, 5], block_steps=5)
   jax.tree.map(np.testing.assert_array_equal, (cut, cut_sync), (even, even_sync))
