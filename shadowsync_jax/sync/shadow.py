@@ -37,11 +37,15 @@ part, with no collective (`recovery.checkpointing`), a round in flight left out 
 
 (Before, a round was a collective of the job's devices, dispatched by this thread: it waited on a process's devices,
 and the blocks queued behind it, for its peer's, up to a block, or a straggler's slow block; a 2 x 4 job measured
-0.13-0.15 s a round and paced them 4-5 s apart. Tried and left: both phases fused into the blocks, as in one
-process, with no program of their own. A block's outputs are ready only when it is done, so the contributions came a
-block later than from a hand-over program before the block, and the thread's meeting then missed the next boundary:
-rounds every third block instead of every second, `shadow_ea`'s NE at the default config's 2 x 4 0.862 against
-0.853, and no faster, 3 runs of each, issue 64.)
+0.13-0.15 s a round and paced them 4-5 s apart. Tried and left, issue 64: both phases fused into the blocks, as in
+one process, with no program of their own (a snapshot handed over after a block's last step, the round landed before
+the first step of the block after next, whose carry waited up to half a block for the thread's meeting and the next
+round's agreement). A round then landed one block after its snapshot instead of two, but the job ran no faster,
+2 x 4 at the default config and K 16, 3 runs of each against this driver: `shadow_ea` 0.94-1.09 of its speed,
+`shadow_bmuf` 0.96-1.01, `shadow_ma` 1.00; it came to the boundary it needed a little less often (28-29 rounds a run
+against 30-33), and NE was no better: `shadow_ea` 0.855-0.859 against 0.852-0.856, `shadow_bmuf` 0.842-0.845
+against 0.840-0.843. Without the carry's wait it missed that boundary by a few ms every round: a round every third
+block, `shadow_ea` 0.862.)
 """
 
 import collections
