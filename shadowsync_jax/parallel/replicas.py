@@ -148,6 +148,7 @@ class Between(NamedTuple):
 
   next_at: Callable[[PyTree, jax.Array], jax.Array]
   round: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
+  donate_carry: bool = False  # The block takes the carry's buffers: a large carry updated in place, not copied.
 
 
 def make_replicated_block(
@@ -159,7 +160,7 @@ def make_replicated_block(
   one after the other on each device, in one dispatch (docs/design.md §13); the state donated.
 
   With `between` (`Between`: sync rounds fused into the block, `sync.scheduled`), the block takes a carry and
-  returns it (not donated: small, and its parts may be reused): `block(state_R, batches_RxK, steps_R, carry_R,
+  returns it (donated if `between.donate_carry`): `block(state_R, batches_RxK, steps_R, carry_R,
   full=False) -> (state_R, metrics_RxK, carry_R)`. The steps run in stretches from one round to the next, each
   round between two stretches: no test in the steps' loop, so the steps between rounds run as they do without
   (a round behind a `lax.cond` after every step had XLA copy the state through the untaken branch at every step:
@@ -219,7 +220,7 @@ def make_replicated_block(
     jax.shard_map(
       functools.partial(per_device, full=full), mesh=mesh, in_specs=(spec,) * arity, out_specs=(spec,) * (arity - 1)
     ),
-    donate_argnums=0,
+    donate_argnums=(0, 3) if between is not None and between.donate_carry else 0,
   )
   return BlockProgram(program(False), program(True))
 

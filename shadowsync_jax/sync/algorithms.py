@@ -184,6 +184,38 @@ def bmuf(axis_name: str, block_momentum: float, block_lr: float = 1.0, nesterov:
   return SyncAlgorithm(init, sync, lead, contribution=lambda params, state: params, finish=finish)
 
 
+class MetRound(NamedTuple):
+  """A round of an algorithm whose replicas meet on the host (`met_rounds`), as functions of one replica's trees
+  (inside `shard_map`, no collective): `hand_over(params, sync_state) -> (led, snapshot, contribution)`,
+  `land(params, snapshot, sync_state, mean) -> (params, sync_state)`, `take_back(params, snapshot, sync_state) ->
+  unled`. `shadow.ShadowSync` fuses them into the training blocks."""
+
+  hand_over: Callable[[PyTree, PyTree], tuple[PyTree, PyTree, PyTree]]
+  land: Callable[[PyTree, PyTree, PyTree, PyTree], tuple[PyTree, PyTree]]
+  take_back: Callable[[PyTree, PyTree, PyTree], PyTree]
+
+
+def met_round(algorithm: SyncAlgorithm) -> MetRound:
+  """`algorithm`'s round in two phases on one replica (`met_rounds` says what each does)."""
+  if algorithm.contribution is None or algorithm.finish is None:
+    raise ValueError('the algorithm has no two-phase form (contribution, finish).')
+  lead = algorithm.lead or (lambda params, state: jax.tree.map(jnp.zeros_like, params))
+
+  def hand_over(params, state):
+    led = jax.tree.map(lambda w, a: w + a, params, lead(params, state))
+    return led, jax.tree.map(jnp.copy, params), algorithm.contribution(params, state)
+
+  def land(params, snapshot, state, mean):
+    synced, new_state = algorithm.finish(snapshot, state, mean)
+    merged = jax.tree.map(lambda w, s_new, s, a: w + (s_new - s - a), params, synced, snapshot, lead(snapshot, state))
+    return merged, new_state
+
+  def take_back(params, snapshot, state):
+    return jax.tree.map(lambda w, a: w - a, params, lead(snapshot, state))
+
+  return MetRound(hand_over, land, take_back)
+
+
 def met_rounds(algorithm: SyncAlgorithm, mesh: Mesh) -> tuple[Callable[..., tuple], ...]:
   """`(hand_over_L, land_L, take_back_L)`: a round of `algorithm` in programs on this process's devices (`mesh`),
   the replicas of every process meeting between them on the host (`shadow.ShadowSync`: no collective of the job):
@@ -198,27 +230,20 @@ def met_rounds(algorithm: SyncAlgorithm, mesh: Mesh) -> tuple[Callable[..., tupl
   devices there waits for the slowest device's block, on a CPU backend its threads taking the cores meanwhile);
   `land_L` merges the rest of the round, `synced - snapshot - lead`, into the params as they are by then (keeping
   the local steps made meanwhile: docs/design.md §3) and returns the round's sync state. `sync_state_L` is the
-  state the round starts from, this process's copies."""
-  if algorithm.contribution is None or algorithm.finish is None:
-    raise ValueError('the algorithm has no two-phase form (contribution, finish).')
+  state the round starts from, this process's copies. (The same round inside the training blocks: `met_round`.)"""
+  parts = met_round(algorithm)
   spec, whole = P(replicas.REPLICA_AXIS), P()
-  lead = algorithm.lead or (lambda params, state: jax.tree.map(jnp.zeros_like, params))
 
-  def hand_over_one(params_1, state_1):
-    params, state = replicas.squeeze(params_1), replicas.squeeze(state_1)
-    led = jax.tree.map(lambda w, a: w + a, params, lead(params, state))
-    contribution = algorithm.contribution(params, state)
-    return replicas.unsqueeze(led), replicas.unsqueeze(jax.tree.map(jnp.copy, params)), replicas.unsqueeze(contribution)
-
-  def land_one(params_1, snapshot_1, state_1, mean):
-    params, snapshot, state = replicas.squeeze(params_1), replicas.squeeze(snapshot_1), replicas.squeeze(state_1)
-    synced, new_state = algorithm.finish(snapshot, state, mean)
-    merged = jax.tree.map(lambda w, s_new, s, a: w + (s_new - s - a), params, synced, snapshot, lead(snapshot, state))
-    return replicas.unsqueeze(merged), replicas.unsqueeze(new_state)
-
-  def take_back_one(params_1, snapshot_1, state_1):
-    params, snapshot, state = replicas.squeeze(params_1), replicas.squeeze(snapshot_1), replicas.squeeze(state_1)
-    return replicas.unsqueeze(jax.tree.map(lambda w, a: w - a, params, lead(snapshot, state)))
+  hand_over_one = lambda params_1, state_1: tuple(
+    replicas.unsqueeze(out) for out in parts.hand_over(replicas.squeeze(params_1), replicas.squeeze(state_1))
+  )
+  land_one = lambda params_1, snapshot_1, state_1, mean: tuple(
+    replicas.unsqueeze(out)
+    for out in parts.land(replicas.squeeze(params_1), replicas.squeeze(snapshot_1), replicas.squeeze(state_1), mean)
+  )
+  take_back_one = lambda params_1, snapshot_1, state_1: replicas.unsqueeze(
+    parts.take_back(replicas.squeeze(params_1), replicas.squeeze(snapshot_1), replicas.squeeze(state_1))
+  )
 
   hand_over = jax.jit(
     jax.shard_map(hand_over_one, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec, spec)), donate_argnums=0

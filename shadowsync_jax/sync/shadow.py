@@ -3,29 +3,42 @@ training path, the replicas of the job meeting on the host.
 
   driver = ShadowSync(algorithm, 'ma', meshes, groups=('mlp',), min_interval_s='auto', max_overhead=0.05)
   driver.start(state_L, driver.initial_sync_state(state_L))   # times a round, starts the thread
+  train_block = dispatch.make_train_block(config, meshes, between=driver.between_steps())
   for block in ...:                              # b: the loop's `hooks.Boundary`
-    driver.before_block(b)                       # lands a finished round on b.state, hands a wanted snapshot over
-    state_L, _ = train_block(state_L, block_L)   # n steps, no cross-replica collective in there
+    driver.before_block(b)                       # raises the thread's error
+    carry = driver.block_carry(step, n)          # a round to land, a snapshot to hand over, in this block
+    state_L, _, carry = train_block(state_L, block_L, steps_L, carry)   # no cross-replica collective in there
+    driver.after_block(carry)                    # the contributions handed over go to the thread
     driver.at_boundary(b)                        # times the blocks (less b.work_s's long ones); raises its error
   state_L = driver.finish(state_L)               # last rounds with every process, then joins the thread
 
-Where the job's processes step apart (`drivers.make`; one process, and jobs whose steps are collectives,
-fuse their rounds into the blocks: `scheduled`). A round (docs/design.md §3, `algorithms.met_rounds`): the thread
-asks for a snapshot; at its next block boundary, before the next block, the training loop dispatches one program
-that lands the round's lead on the live params (each replica's own part of the round: EA's pull, BMUF's momentum
-step), keeps a copy `s` of the params as they were, and computes each replica's contribution to the round (what
-the algorithm averages); the thread reads them, sums this process's on the host (no collective even among its own
-devices: one waits for the slowest device's block), meets every process's sum (`parallel.peer_links`: a
-direct connection to each other process; no collective, so no device waits for a peer) and posts the job's mean; at
-the next boundary after that, a second program lands the rest of the round, `s' - s - lead`, into the live params,
-keeping the local steps made meanwhile. A boundary hands a snapshot over only once the round before has landed, so a
-snapshot holds every earlier round. An exception in the thread is re-raised at the first boundary after it happened.
+Where the job's processes step apart (`drivers.make`; one process, and jobs whose steps are collectives, fuse
+whole rounds into the blocks: `scheduled`). A round (docs/design.md §3, `algorithms.met_round`) has two phases,
+both fused into the training blocks (`between_steps`, the blocks' `Carry`): the thread asks for a snapshot; the
+next block the loop dispatches hands it over after its last step: it lands the round's lead on the params (each
+replica's own part of the round: EA's pull, BMUF's momentum step), keeps a copy `s` of the params as they were, and
+leaves each replica's contribution (what the algorithm averages) in its carry. The thread reads them once that
+block is done, sums this process's on the host (no collective even among its own devices: one waits for the
+slowest device's block), meets every process's sum (`parallel.peer_links`: a direct connection to each other
+process; no collective, so no device waits for a peer), and places the job's mean on this process's devices; the
+block after next lands the rest of the round before its first step, `s' - s - lead`, keeping the local steps made
+meanwhile: a round lands a block after its snapshot (its carry, built as the block in between starts to train, may
+wait up to half a block for the thread: `block_carry`). A block hands a snapshot over only once the round before
+has landed (in it, or earlier), so a snapshot holds every earlier round. The training thread dispatches no program
+for a round: it passes the carry on. (The two phases as programs of their own, dispatched at the boundaries, held
+the training thread at each until the block in flight was done, XLA:CPU dispatching onto inputs not computed yet:
+a 2 x 4 job drained its pipeline once a round, ~10 ms a round that no pace counted; the round landed two blocks
+after its snapshot; and `shadow_ma`'s NE in that job scattered, 0.844-0.905 over 12 runs of the default config at
+K 16, where fused it read 0.843-0.844 in 7, the cause not found. Fused without the wait, the thread's meeting missed the boundary it needed by a few ms,
+and rounds came every third block instead of every second: `shadow_ea`'s NE 0.862 against 0.853, issue 64.)
+An exception in the thread is re-raised at the first boundary after it happened.
 
 Pace: a round starts no sooner than `min_interval_s` after the last one started. With 'auto' the interval is the
 round's cost over the budget, `max_overhead` of the trainers' throughput (`pacing.GapPacer`): its device time (its
-two programs, timed by `start` on copies) and its host work (the thread's, and the training thread's at the
-round's boundaries: CPU seconds, measured round by round). `stats()` reports the pace and what it came from, and
-how late rounds land (`mean_merge_lag_steps`, `mean_round_latency_s`).
+two phases as programs of their own, timed by `start` on copies: more than inside a block, an upper bound) and its
+host work (the thread's, and the training thread's for the carries of the round's blocks: CPU seconds, measured
+round by round). `stats()` reports the pace and what it came from, and how late rounds land
+(`mean_merge_lag_steps`, `mean_round_latency_s`).
 
 Several processes: each runs one such thread, one round after the other, so round n of every process meets round
 n of the others. A process whose stream is done keeps serving snapshots from `finish` until every process is done:
@@ -37,15 +50,7 @@ part, with no collective (`recovery.checkpointing`), a round in flight left out 
 
 (Before, a round was a collective of the job's devices, dispatched by this thread: it waited on a process's devices,
 and the blocks queued behind it, for its peer's, up to a block, or a straggler's slow block; a 2 x 4 job measured
-0.13-0.15 s a round and paced them 4-5 s apart. Tried and left, issue 64: both phases fused into the blocks, as in
-one process, with no program of their own (a snapshot handed over after a block's last step, the round landed before
-the first step of the block after next, whose carry waited up to half a block for the thread's meeting and the next
-round's agreement). A round then landed one block after its snapshot instead of two, but the job ran no faster,
-2 x 4 at the default config and K 16, 3 runs of each against this driver: `shadow_ea` 0.94-1.09 of its speed,
-`shadow_bmuf` 0.96-1.01, `shadow_ma` 1.00; it came to the boundary it needed a little less often (28-29 rounds a run
-against 30-33), and NE was no better: `shadow_ea` 0.855-0.859 against 0.852-0.856, `shadow_bmuf` 0.842-0.845
-against 0.840-0.843. Without the carry's wait it missed that boundary by a few ms every round: a round every third
-block, `shadow_ea` 0.862.)
+0.13-0.15 s a round and paced them 4-5 s apart.)
 """
 
 import collections
@@ -54,9 +59,14 @@ import queue
 import statistics
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+from jax import lax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
 
 from shadowsync_jax import hooks
 from shadowsync_jax.parallel import replicas
@@ -68,9 +78,27 @@ from shadowsync_jax.sync import restarts
 from shadowsync_jax.sync import rounds
 
 PyTree = Any
+_NEVER = 2**30  # A count of steps past any block: nothing lands, or is handed over, in it.
+# The share of a block a block's carry may wait for the result of a round handed over two blocks before: the devices
+# train the block dispatched before it meanwhile (one is in flight), so a wait shorter than that block costs nothing.
+_RESULT_WAIT = 0.5
 _POLL_S = 0.05  # How often a waiting thread checks whether it was asked to stop.
 _HOST_COST_ROUNDS = 8  # The rounds whose host work's mean is the host cost of a round (`pacing.GapPacer`).
 _ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
+
+
+class Carry(NamedTuple):
+  """What a block takes (donated) and returns, per device, for the rounds fused into it (`between_steps`): the
+  sync state the round in flight started from (that of the last landed round: one round is in flight at most);
+  the snapshot of the round in flight; the exchange: in, the job's mean to land; out, after a hand-over, this
+  process's replicas' contributions, for the thread to read; and after which of its steps the block lands a round
+  (`land_at`) and hands one over (`hand_over_at`), `_NEVER`: not in this block."""
+
+  sync_state: PyTree
+  snapshot: PyTree
+  exchange: PyTree
+  land_at: jax.Array
+  hand_over_at: jax.Array
 
 
 class ShadowSync(hooks.Hook):
@@ -105,7 +133,18 @@ class ShadowSync(hooks.Hook):
     self._merge_lags_s: list[float] = []  # and seconds.
     self._handed_over_at = 0.0
     self._init_R, _ = algorithms.stacked(algorithm, meshes.job)
+    self._round = algorithms.met_round(algorithm)  # Fused into the blocks (`between_steps`).
+    # The same as programs of their own: timed by `start`, and where no block runs (`finish`, `settled`).
     self._hand_over_L, self._land_L, self._take_back_L = algorithms.met_rounds(algorithm, meshes.local)
+    self._num_local = meshes.local.shape[replicas.REPLICA_AXIS]
+    # This process's carry for the next block (`Carry`'s arrays: the last block's, or fresh), and whether that block
+    # hands a snapshot over / lands a round.
+    self._carry_L: tuple[PyTree, PyTree, PyTree] | None = None
+    self._landing: tuple[int, float] | None = None  # The landing block's first step, and its round's latency.
+    self._handing_over = False
+    self._blocks = 0  # Blocks of steps dispatched since `start`,
+    self._handed_over_in = 0  # and the one that handed the round in flight over.
+    self._zeros_L: Callable[[], PyTree] | None = None  # A fresh exchange, once the thread has the last one.
     self._num_replicas = meshes.job.shape[replicas.REPLICA_AXIS]
     # (snapshot, the sync state it started from) of a round handed over, not landed yet: its lead has landed.
     self._handed_over: tuple[PyTree, PyTree] | None = None
@@ -159,6 +198,9 @@ class ShadowSync(hooks.Hook):
     self._compile_rounds(state_L, sync_state_R)
     self._pacer.observe_round_cost(self._time_a_round(state_L, sync_state_R))
     self._sync_state_R = sync_state_R
+    # The blocks' own copies (they take them: the caller's, a restored state's, stay as they are).
+    self._carry_L = (rounds.copy(replicas.to_local(sync_state_R, self._meshes)), self._zeros_L(), self._zeros_L())
+    self._landing, self._handing_over, self._blocks, self._handed_over_in = None, False, 0, 0
     self._gaps.reset(int(state_L.step[0]))
     self._first_snapshot_step = int(state_L.step[0]) + self._first_round_after
     self._clock.reset()
@@ -185,6 +227,11 @@ class ShadowSync(hooks.Hook):
     mean = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype), contributions_L)
     self._land_L.lower(synced_L, synced_L, sync_state_L, mean).compile()
     self._take_back_L.lower(synced_L, synced_L, sync_state_L).compile()
+    shapes = jax.eval_shape(lambda tree: tree, synced_L)
+    on_devices = NamedSharding(self._meshes.local, P(replicas.REPLICA_AXIS))
+    zeros = lambda: jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), shapes)
+    self._zeros_L = jax.jit(zeros, out_shardings=jax.tree.map(lambda _: on_devices, shapes))
+    self._zeros_L.lower().compile()
     self._compiled = True
 
   def _time_a_round(self, state_L: Any, sync_state_R: PyTree) -> float:
@@ -209,20 +256,111 @@ class ShadowSync(hooks.Hook):
     to land at (cut short for it, blocks cost the 2 cores a step each at the default config's 8 replicas)."""
     return self._first_snapshot_step if self._first_snapshot_step > step else None
 
-  def between_steps(self) -> None:
-    return None  # The thread's rounds are programs of their own.
+  def between_steps(self) -> replicas.Between:
+    """The round's two phases in a block, per device (`Carry`): a landing before its first step, a hand-over after
+    its last. The carry donated: it holds the sync state and two trees of the synced params' size, passed on from
+    block to block."""
+    round_, groups = self._round, self._groups
+
+    def next_at(carry: Carry, done):
+      del done
+      return jnp.minimum(carry.land_at, carry.hand_over_at)
+
+    def land(state, carry: Carry):
+      synced, sync_state = round_.land(
+        rounds.select(state.params, groups), carry.snapshot, carry.sync_state, carry.exchange
+      )
+      landed = carry._replace(sync_state=sync_state, land_at=jnp.full_like(carry.land_at, _NEVER))
+      return state._replace(params=rounds.with_synced(state.params, synced)), landed
+
+    def hand_over(state, carry: Carry):
+      led, snapshot, contributions = round_.hand_over(rounds.select(state.params, groups), carry.sync_state)
+      state = state._replace(params=rounds.with_synced(state.params, led))  # The round's lead, landed.
+      handed = carry._replace(
+        snapshot=snapshot, exchange=contributions, hand_over_at=jnp.full_like(carry.hand_over_at, _NEVER)
+      )
+      return state, handed
+
+    def phase(state, carry: Carry):
+      return lax.cond(carry.land_at <= carry.hand_over_at, land, hand_over, state, carry)
+
+    return replicas.Between(next_at, phase, donate_carry=True)
+
+  def block_carry(self, step: int | None, steps: int) -> Carry:
+    """The carry of the block of `steps` steps from `step` (None: a block of no step, which compiles): a finished
+    round lands before its first step, and a wanted snapshot is handed over after its last. The round's
+    contributions are read by the thread once that block is done, which the loop sees as it dispatches the block
+    after it; this block's carry, built right then, waits for the round's result up to `_RESULT_WAIT` of a block
+    (the devices train the block in flight meanwhile), so that it lands two blocks after its snapshot, not
+    three, and, within the same time, for the thread to ask for the next round's snapshot (once the processes agreed
+    on it, if the pace allows it by then), so that this block hands it over: a round every second block, not every
+    third."""
+    land_at = hand_over_at = _NEVER
+    if step is not None:
+      deadline = time.perf_counter() + self._result_wait_s(steps)
+      result = self._result(deadline - time.perf_counter())
+      if result is not None:  # The thread goes on to the next round's agreement: its snapshot may go in this block.
+        self._snapshot_wanted.wait(max(0.0, deadline - time.perf_counter()))
+      cpu_started = time.thread_time()
+      if result is not None:  # Training: every result is of a round handed over among the steps (`finish` serves).
+        _, mean_L, latency_s, _ = result
+        self._carry_L = (*self._carry_L[:2], mean_L)
+        land_at, self._landing = 0, (step, latency_s, self._snapshot_step, self._handed_over_at)
+      first_done = step >= self._first_snapshot_step
+      if self._snapshot_wanted.is_set() and first_done and (not self._in_flight or self._landing is not None):
+        self._snapshot_wanted.clear()
+        hand_over_at, self._handing_over = steps, True
+        self._snapshot_step, self._handed_over_at = step + steps, time.perf_counter()
+        self._handed_over_in = self._blocks
+      if self._landing is not None or self._handing_over:
+        self._boundary_cpu_s += time.thread_time() - cpu_started
+      self._blocks += 1
+    flags = (np.full(self._num_local, land_at, np.int32), np.full(self._num_local, hand_over_at, np.int32))
+    return Carry(*self._carry_L, *replicas.shard(flags, self._meshes.local))
+
+  def _result_wait_s(self, steps: int) -> float:
+    """How long this block's carry may wait for the round in flight: none if its hand-over's block may still be
+    running (the block just before this one), or no step time is known yet."""
+    step_s = self._pacer.step_time_s()
+    if not self._in_flight or self._blocks < self._handed_over_in + 2 or step_s is None:
+      return 0.0
+    return _RESULT_WAIT * step_s * steps
+
+  def _result(self, wait_s: float):
+    """The thread's result of the round in flight, waiting up to `wait_s` for it (None if not there by then)."""
+    try:
+      return self._results.get(timeout=wait_s) if wait_s > 0 else self._results.get_nowait()
+    except queue.Empty:
+      return None
+
+  def after_block(self, carry: Carry) -> None:
+    """The block's carry, dispatched: what the next block goes on with; a snapshot handed over goes to the
+    thread."""
+    cpu_started, round_work = time.thread_time(), self._landing is not None or self._handing_over
+    self._carry_L = (carry.sync_state, carry.snapshot, carry.exchange)
+    self._sync_state_R = replicas.to_job(carry.sync_state, self._meshes)
+    landed = self._landing is not None
+    if landed:
+      merged_at, latency_s, snapshot_step, handed_over_at = self._landing
+      self._gaps.merged(merged_at, latency_s)
+      self._merge_lags.append(merged_at - snapshot_step)
+      self._merge_lags_s.append(time.perf_counter() - handed_over_at)
+      self._handed_over, self._in_flight, self._landing = None, False, None
+    if self._handing_over:
+      self._snapshots.put(carry.exchange)
+      self._carry_L = (carry.sync_state, carry.snapshot, self._zeros_L())  # The thread reads the block's.
+      self._in_flight, self._handing_over = True, False
+    if self._in_flight:  # The newest copies of the round's snapshot and start (those before went to this block).
+      self._handed_over = (carry.snapshot, carry.sync_state)
+    if round_work:
+      self._boundary_cpu_s += time.thread_time() - cpu_started
+    if landed:  # The training thread's work for the round: its hand-over's block and its landing's.
+      self._boundary_costs_s.append(self._boundary_cpu_s)
+      self._boundary_cost_s, self._boundary_cpu_s = statistics.fmean(self._boundary_costs_s), 0.0
 
   def before_block(self, b: hooks.Boundary) -> None:
-    """Before the block from `b.step`: raise the thread's error, merge a finished round, hand over a wanted
-    snapshot."""
+    """Before the block from `b.step`: raise the thread's error (the block's carry lands and hands over)."""
     self._raise_if_failed()
-    cpu_started, before = time.thread_time(), (self._gaps.rounds, self._in_flight)
-    b.state = self._step_boundary(b.state, b.step)
-    if (self._gaps.rounds, self._in_flight) != before:  # A round landed or was handed over here.
-      self._boundary_cpu_s += time.thread_time() - cpu_started
-      if self._gaps.rounds != before[0]:
-        self._boundary_costs_s.append(self._boundary_cpu_s)
-        self._boundary_cost_s, self._boundary_cpu_s = statistics.fmean(self._boundary_costs_s), 0.0
 
   def at_boundary(self, b: hooks.Boundary) -> None:
     """After dispatching a block of `b.steps` steps: raise the thread's error, time the steps for the pace.
@@ -265,10 +403,10 @@ class ShadowSync(hooks.Hook):
     self._done.set()
     while self._thread.is_alive():
       self._raise_if_failed()
-      state_L = self._step_boundary(state_L, step=None)
+      state_L = self._after_training(state_L)
       self._thread.join(timeout=_POLL_S)
     self._raise_if_failed()
-    return self._step_boundary(state_L, step=None)  # A result the thread posted as it ended.
+    return self._after_training(state_L)  # A result the thread posted as it ended.
 
   def consensus_rule(self) -> consensus.Rule:
     return consensus.Rule(self._name, self._groups, self._tables)
@@ -315,11 +453,12 @@ class ShadowSync(hooks.Hook):
     if self._failed.is_set():
       raise self._error
 
-  def _step_boundary(self, state_L: Any, step: int | None) -> Any:
-    """Merges a finished round (a sync gap unless `step` is None: after training), then hands over a wanted
-    snapshot."""
+  def _after_training(self, state_L: Any) -> Any:
+    """`finish`'s boundary, no block after it: lands the round handed over among the steps once its result comes
+    (a round, no sync gap), then serves a wanted snapshot: the sums of the params as trained, landed nowhere
+    here."""
     try:
-      job_mean, latency_s, all_done = self._results.get_nowait()
+      job_mean, _, latency_s, all_done = self._results.get_nowait()
     except queue.Empty:
       pass
     else:
@@ -327,43 +466,25 @@ class ShadowSync(hooks.Hook):
         if not all_done:  # A peer trains on and lands it: its sync state (EA's center, BMUF's) moves here too.
           led_L, snapshot_L, sync_state_L = self._served
           self._sync_state_R = replicas.to_job(self._land_L(led_L, snapshot_L, sync_state_L, job_mean)[1], self._meshes)
-        self._served, self._in_flight = None, False
-        return self._hand_over_if_wanted(state_L, step)
-      snapshot_L, sync_state_L = self._handed_over
-      synced_L, sync_state_L = self._land_L(
-        rounds.select(state_L.params, self._groups), snapshot_L, sync_state_L, job_mean
-      )
-      state_L = state_L._replace(params=rounds.with_synced(state_L.params, synced_L))
-      self._sync_state_R = replicas.to_job(sync_state_L, self._meshes)
-      self._handed_over = None
-      self._gaps.merged(step, latency_s)
-      if step is not None and self._snapshot_step is not None:
-        self._merge_lags.append(step - self._snapshot_step)
-        self._merge_lags_s.append(time.perf_counter() - self._handed_over_at)
+        self._served = None
+      else:
+        snapshot_L, sync_state_L = self._handed_over
+        synced_L, sync_state_L = self._land_L(
+          rounds.select(state_L.params, self._groups), snapshot_L, sync_state_L, job_mean
+        )
+        state_L = state_L._replace(params=rounds.with_synced(state_L.params, synced_L))
+        self._sync_state_R = replicas.to_job(sync_state_L, self._meshes)
+        self._handed_over = None
+        self._gaps.merged(None, latency_s)
       self._in_flight = False
-    return self._hand_over_if_wanted(state_L, step)
-
-  def _hand_over_if_wanted(self, state_L: Any, step: int | None) -> Any:
-    """Hands a snapshot over if the thread wants one and the round before has landed; after the last step (`step`
-    None) its sums only, the params left as trained (`finish`)."""
-    first_done = step is None or step >= self._first_snapshot_step
-    if not (self._snapshot_wanted.is_set() and first_done and not self._in_flight):
-      return state_L
-    self._snapshot_wanted.clear()
-    sync_state_L = replicas.to_local(self._sync_state_R, self._meshes)
-    synced_L = rounds.select(state_L.params, self._groups)
-    if step is None:  # Served, not landed: the sums of a copy.
-      led_L, snapshot_L, contributions_L = self._hand_over_L(rounds.copy(synced_L), sync_state_L)
+    if self._snapshot_wanted.is_set() and not self._in_flight:
+      self._snapshot_wanted.clear()
+      sync_state_L = replicas.to_local(self._sync_state_R, self._meshes)
+      synced_L = rounds.copy(rounds.select(state_L.params, self._groups))
+      led_L, snapshot_L, contributions_L = self._hand_over_L(synced_L, sync_state_L)
       self._served = (led_L, snapshot_L, sync_state_L)
       self._snapshots.put(contributions_L)
       self._in_flight = True
-      return state_L
-    led_L, snapshot_L, contributions_L = self._hand_over_L(synced_L, sync_state_L)
-    state_L = state_L._replace(params=rounds.with_synced(state_L.params, led_L))  # The round's lead, landed.
-    self._handed_over = (snapshot_L, sync_state_L)
-    self._snapshots.put(contributions_L)
-    self._snapshot_step, self._handed_over_at = step, time.perf_counter()
-    self._in_flight = True
     return state_L
 
   def _run(self) -> None:
@@ -386,9 +507,12 @@ class ShadowSync(hooks.Hook):
           return
         started, cpu_started = time.perf_counter(), time.thread_time()
         job_mean = host_meeting.job_mean(self._meet, contributions_L, self._num_replicas, self._stop.is_set)
+        if job_mean is None:
+          return
+        mean_L = self._on_devices(job_mean)  # The exchange of the block that lands it, placed off the steps' thread.
         self._host_costs_s.append(time.thread_time() - cpu_started)  # Waits for the sums and the peers: no CPU.
         self._host_cost_s = statistics.fmean(self._host_costs_s)
-        if job_mean is None or not self._put_result((job_mean, time.perf_counter() - started, all_done)) or all_done:
+        if not self._put_result((job_mean, mean_L, time.perf_counter() - started, all_done)) or all_done:
           return
         self._wait_for_the_next_round(round_start)
     except BaseException as error:  # pylint: disable=broad-except  (handed to the training thread as it is)
@@ -397,6 +521,11 @@ class ShadowSync(hooks.Hook):
     finally:
       if self._links is not None:  # No round meets after this one: every peer has read this process's last.
         self._links.close()
+
+  def _on_devices(self, job_mean: PyTree) -> PyTree:
+    """The job's mean, a copy for each of this process's replicas, on their devices (a block's exchange)."""
+    copies = jax.tree.map(lambda leaf: np.broadcast_to(leaf, (self._num_local, *leaf.shape)), job_mean)
+    return replicas.shard(copies, self._meshes.local)
 
   def _wait_for_the_next_round(self, round_start: float) -> None:
     """Until the pace after `round_start`: the longest the processes agreed on at that round, or this process's own

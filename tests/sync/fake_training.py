@@ -3,6 +3,7 @@
   params, delta = fake_training.initial(num_replicas)     # numpy, leading replica axis
   state = replicas.shard(fake_training.FakeState(params, np.zeros(R, np.int32)), mesh)
   state = fake_training.step(state, delta_R)              # replica r gains r + 1 everywhere, exactly
+  block = fake_training.block_program(mesh, driver.between_steps())   # the same step, a driver's rounds fused in
 
 With exact integer arithmetic the params at every step boundary are known, so a merge can be checked exactly.
 """
@@ -13,6 +14,7 @@ import jax
 import numpy as np
 
 from shadowsync_jax import hooks
+from shadowsync_jax.parallel import replicas
 
 
 class FakeState(NamedTuple):
@@ -39,6 +41,17 @@ def _step(state: FakeState, delta_R) -> FakeState:
 
 step = jax.jit(_step)
 donating_step = jax.jit(_step, donate_argnums=0)  # Donates its params, as the real train step does.
+
+
+def block_program(mesh, between: replicas.Between) -> replicas.BlockProgram:
+  """`block(state_R, deltas_RxK, steps_R, carry_R) -> (state_R, metrics_RxK, carry_R)`: the fake step as the
+  training loop's block program runs it (`replicas.make_replicated_block`), a sync driver's rounds fused in."""
+
+  def step_fn(state: FakeState, delta) -> tuple[FakeState, dict[str, jax.Array]]:
+    state = _step(state, delta)
+    return state, {'step': state.step}
+
+  return replicas.make_replicated_block(step_fn, mesh, between)
 
 
 def at_boundary(driver, step: int, state: Any, steps: int = 1) -> Any:

@@ -37,28 +37,41 @@ ALL = ('mlp', 'embedding')
 
 
 class Loop:
-  """A training loop as train.py runs it, with the fake step: step, then `at_boundary`, then read the step back."""
+  """A training loop as train.py runs it, with the fake step in blocks of one (the driver's rounds fused in):
+  `before_block`, the block, `at_boundary`, then read the step back. Each snapshot a block hands over is kept as
+  numpy (`handed_over`): the next block takes the driver's copies of it."""
 
   def __init__(self, driver, num_replicas: int):
     self.mesh = replicas.make_mesh(num_replicas)
     self.initial, self.delta = fake_training.initial(num_replicas)
-    self._delta_R = replicas.shard(self.delta, self.mesh)
+    self._deltas = replicas.shard(jax.tree.map(lambda d: d[:, None], self.delta), self.mesh)  # [R, 1, ...]
+    self._one = replicas.shard(np.ones(num_replicas, np.int32), self.mesh)
     self.state = replicas.shard(FakeState(params=self.initial, step=np.zeros(num_replicas, np.int32)), self.mesh)
     self.driver, self.step = driver, 0
+    self._block = fake_training.block_program(self.mesh, driver.between_steps())
     self._work_s = 0.0  # The loop's own work at the last boundary (`hooks.Boundary.work_s`).
+    # (snapshot, sync state) of each round handed over, as numpy, in order; `handed_over_ready` when one is added.
+    driver._handed_over_for_tests = self.handed_over = []  # pylint: disable=protected-access  (`HeldRounds`)
+    self.handed_over_ready = driver._handed_over_ready_for_tests = threading.Condition()  # pylint: disable=protected-access
 
   def work(self, seconds: float) -> None:
     """The loop's own work at this boundary (a save, a metric write) took `seconds`."""
     self._work_s = seconds
 
   def advance(self) -> None:
-    self.state = fake_training.donating_step(self.state, self._delta_R)
+    self.driver.before_block(hooks.Boundary(self.step, self.state, self.driver, steps=1))
+    snapshot_step = self.driver._snapshot_step  # pylint: disable=protected-access
+    carry = self.driver.block_carry(self.step, 1)
+    self.state, _, carry = self._block(self.state, self._deltas, self._one, carry)
+    self.driver.after_block(carry)
+    if self.driver._snapshot_step != snapshot_step:  # pylint: disable=protected-access  (handed over in the block)
+      with self.handed_over_ready:
+        self.handed_over.append(jax.tree.map(np.asarray, (carry.snapshot, carry.sync_state)))
+        self.handed_over_ready.notify_all()
     self.step += 1
     b = hooks.Boundary(self.step, self.state, self.driver, steps=1, work_s=self._work_s)
     self._work_s = 0.0
     self.driver.at_boundary(b)
-    self.driver.before_block(b)  # Merges, hand-overs: before the next step.
-    self.state = b.state
     jax.block_until_ready(self.state.step)  # Keeps the dispatch queue short, as train.py's loss read-back does.
 
   def advance_until(self, condition: Callable[[], bool], what: str) -> None:
@@ -89,20 +102,27 @@ class HeldRounds:
 
   def __init__(self, driver, algorithm, fail: BaseException | None = None):
     self._driver, self._meet, self._fail = driver, driver._meet, fail  # pylint: disable=protected-access
-    self._sync_R = sync_algorithms.stacked(algorithm, replicas.make_mesh(driver._num_replicas))[1]  # pylint: disable=protected-access
+    self._mesh = replicas.make_mesh(driver._num_replicas)  # pylint: disable=protected-access
+    self._sync_R = sync_algorithms.stacked(algorithm, self._mesh)[1]
     self.entered, self.release = threading.Event(), threading.Event()
     self.rounds = []  # (snapshot s, synced s', sync state after the round), as numpy
+    self.met = []  # The rounds that came to the meeting.
 
   def __call__(self, vector, stopped):
-    if self._driver._handed_over is None:  # pylint: disable=protected-access  (served after the last step)
+    if self._driver._served is not None:  # pylint: disable=protected-access  (served after the last step)
       return self._meet(vector, stopped)
-    snapshot_L, sync_state_L = self._driver._handed_over  # pylint: disable=protected-access
+    handed_over, ready = self._driver._handed_over_for_tests, self._driver._handed_over_ready_for_tests  # pylint: disable=protected-access
+    with ready:  # The loop keeps a copy of each snapshot handed over, right after its block.
+      if not ready.wait_for(lambda: len(handed_over) > len(self.met), TIMEOUT_S):
+        raise TimeoutError('the loop kept no copy of the snapshot handed over')
+      snapshot_L, sync_state_L = handed_over[len(self.met)]
+    self.met.append(len(self.met))
     self.entered.set()
     if not self.release.wait(TIMEOUT_S):
       raise TimeoutError('the test never released the round')
     if self._fail is not None:
       raise self._fail
-    synced, sync_state = self._sync_R(sync_rounds.copy(snapshot_L), sync_state_L)
+    synced, sync_state = self._sync_R(*replicas.shard((snapshot_L, sync_state_L), self._mesh))
     as_numpy = lambda tree: jax.tree.map(np.asarray, tree)
     self.rounds.append((as_numpy(snapshot_L), as_numpy(synced), as_numpy(sync_state)))
     return self._meet(vector, stopped)
@@ -197,8 +217,9 @@ def test_merge_keeps_the_local_steps_made_during_the_round(monkeypatch, name, nu
     loop.driver.settled(loop.state)[0].params, want, f'params right after the merge at step {merge_step}'
   )
   assert loop.driver.stats()['sync_rounds'] == 1
-  assert loop.driver.stats()['max_sync_gap'] == merge_step
-  assert loop.driver.stats()['mean_merge_lag_steps'] == merge_step - snapshot_step
+  merged_at = merge_step - 1  # Before the first step of its block (of one step).
+  assert loop.driver.stats()['max_sync_gap'] == merged_at
+  assert loop.driver.stats()['mean_merge_lag_steps'] == merged_at - snapshot_step
 
   final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   assert not thread.is_alive()
@@ -385,7 +406,7 @@ def test_shadow_ea_conserves_replicas_plus_center(monkeypatch):
 
 
 def test_shadow_sync_with_the_real_donating_train_step():
-  """The real jitted step donates its state every step; snapshots are copies, so no round reads a deleted array."""
+  """The real step in blocks that donate their state and the rounds' carry: no round reads a deleted array."""
   num_replicas, batch_size, cardinalities, num_steps = 8, 8, [10] * batch_lib.NUM_SPARSE_FEATURES, 300
   mesh = replicas.make_mesh(num_replicas)
   model = model_lib.DLRM(bottom_mlp=(8, 4), top_mlp=(8, 1))
@@ -393,32 +414,33 @@ def test_shadow_sync_with_the_real_donating_train_step():
   state = replicas.replicate(
     step_lib.init_train_state(jax.random.key(0), model, cardinalities, 4, mlp_optimizer, embedding_optimizer), mesh
   )
-  train_step = replicas.make_replicated_step(
-    step_lib.make_train_step(model, cardinalities, mlp_optimizer, embedding_optimizer), mesh
+  driver = _driver('ma', num_replicas)
+  train_block = replicas.make_replicated_block(
+    step_lib.make_train_step(model, cardinalities, mlp_optimizer, embedding_optimizer), mesh, driver.between_steps()
   )
   rng = np.random.default_rng(0)
   batches = [
     replicas.shard(
       batch_lib.Batch(
-        dense=rng.standard_normal((num_replicas, batch_size, batch_lib.NUM_DENSE_FEATURES)).astype(np.float32),
-        sparse=rng.integers(0, 10, (num_replicas, batch_size, batch_lib.NUM_SPARSE_FEATURES)).astype(np.int32),
-        label=rng.integers(0, 2, (num_replicas, batch_size)).astype(np.float32),
+        dense=rng.standard_normal((num_replicas, 1, batch_size, batch_lib.NUM_DENSE_FEATURES)).astype(np.float32),
+        sparse=rng.integers(0, 10, (num_replicas, 1, batch_size, batch_lib.NUM_SPARSE_FEATURES)).astype(np.int32),
+        label=rng.integers(0, 2, (num_replicas, 1, batch_size)).astype(np.float32),
       ),
       mesh,
     )
     for _ in range(4)
   ]
-  driver = _driver('ma', num_replicas)
+  one = replicas.shard(np.ones(num_replicas, np.int32), mesh)
   driver.start(state, driver.initial_sync_state(state))
 
   def train():
     state_R, pending_loss, losses = state, None, []
     for step in range(1, num_steps + 1):
-      state_R, metrics = train_step(state_R, batches[step % len(batches)])
-      b = hooks.Boundary(step, state_R, driver, steps=1)
-      driver.at_boundary(b)
-      driver.before_block(b)
-      state_R = b.state
+      driver.before_block(hooks.Boundary(step - 1, state_R, driver, steps=1))
+      carry = driver.block_carry(step - 1, 1)
+      state_R, metrics, carry = train_block(state_R, batches[step % len(batches)], one, carry)
+      driver.after_block(carry)
+      driver.at_boundary(hooks.Boundary(step, state_R, driver, steps=1))
       if pending_loss is not None:  # As train.py: reading step N-1's loss keeps the dispatch queue one step deep.
         losses.append(float(np.mean(pending_loss)))
       pending_loss = metrics['loss']
@@ -506,21 +528,22 @@ def test_the_pace_is_the_timed_cost_of_a_round_over_the_budget():
 
 
 def test_the_pace_counts_the_training_threads_work_at_a_rounds_boundaries(monkeypatch):
-  """A round's host cost holds what the training thread spends on it (dispatching its landing, here made to burn
-  50 ms of CPU), besides the thread's own work: a pace that left it out would spend more than its budget."""
+  """A round's host cost holds what the training thread spends on it (its blocks' carries: at a hand-over a fresh
+  exchange, here made to burn 50 ms of CPU), besides the thread's own work: a pace that left it out would spend
+  more than its budget."""
   loop = Loop(_driver('ma', 4, min_interval_s=0.0), 4)
-  land = loop.driver._land_L  # pylint: disable=protected-access
+  _start(loop)
+  zeros = loop.driver._zeros_L  # pylint: disable=protected-access
 
-  def dear_land(*args):
+  def dear_zeros():
     started = time.thread_time()
     while time.thread_time() - started < 0.05:
       continue
-    return land(*args)
+    return zeros()
 
-  _start(loop)
-  monkeypatch.setattr(loop.driver, '_land_L', dear_land)
+  monkeypatch.setattr(loop.driver, '_zeros_L', dear_zeros)
   loop.wait_for_rounds(3)
-  loop.run(1)  # The boundary after a landing hands its cost to the pace.
+  loop.run(1)
   host_s = loop.driver.stats()['sync_round_host_s']
   _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   assert 0.05 <= host_s < 1.0, host_s
@@ -664,3 +687,28 @@ def test_a_boundary_is_asked_for_only_at_the_first_step_that_may_hand_over():
   driver = _driver('ma', 2, min_interval_s='auto', first_round_after=30)
   assert driver.next_due(10) == 30
   assert driver.next_due(30) is None and driver.next_due(100) is None
+
+
+@pytest.mark.parametrize('step_s, lands_a_block_after', [(10.0, True), (1e-6, False)])
+def test_a_blocks_carry_waits_up_to_half_a_block_for_the_round_handed_over_two_blocks_before(
+  monkeypatch, step_s, lands_a_block_after
+):
+  """A round handed over in a block reaches the thread once that block is done, which the loop sees just before it
+  builds the carry of the block after next: that carry waits for the round up to half a block (the block between
+  trains meanwhile), so the round lands a block after its snapshot (a lag of 1 step, blocks of 1 here) when the
+  thread's meeting (made 50 ms long) takes less than that; when it takes longer the carry goes without it, and the
+  round lands later."""
+  loop = Loop(_driver('ma', 4, min_interval_s=0.0), 4)
+  meet = loop.driver._meet  # pylint: disable=protected-access
+
+  def slow_meet(vector, stopped):
+    time.sleep(0.05)
+    return meet(vector, stopped)
+
+  monkeypatch.setattr(loop.driver, '_meet', slow_meet)
+  _start(loop)
+  monkeypatch.setattr(loop.driver._pacer, 'step_time_s', lambda: step_s)  # pylint: disable=protected-access
+  loop.wait_for_rounds(3)
+  lags = loop.driver._merge_lags  # pylint: disable=protected-access
+  _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
+  assert (lags == [1] * len(lags)) == lands_a_block_after, lags
