@@ -29,8 +29,9 @@ for a round: it passes the carry on. (The two phases as programs of their own, d
 the training thread at each until the block in flight was done, XLA:CPU dispatching onto inputs not computed yet:
 a 2 x 4 job drained its pipeline once a round, ~10 ms a round that no pace counted; the round landed two blocks
 after its snapshot; and `shadow_ma`'s NE in that job scattered, 0.844-0.905 over 12 runs of the default config at
-K 16, where fused it read 0.843-0.844 in 7, the cause not found. Fused without the wait, the thread's meeting missed the boundary it needed by a few ms,
-and rounds came every third block instead of every second: `shadow_ea`'s NE 0.862 against 0.853, issue 64.)
+K 16, where fused it read 0.843-0.844 in 7, the cause not found. Fused without the wait, the thread's meeting
+missed the boundary it needed by a few ms, and rounds came every third block instead of every second: `shadow_ea`'s
+NE 0.862 against 0.853, issue 64.)
 An exception in the thread is re-raised at the first boundary after it happened.
 
 Pace: a round starts no sooner than `min_interval_s` after the last one started. With 'auto' the interval is the
