@@ -23,16 +23,12 @@ slowest device's block), meets every process's sum (`parallel.peer_links`: a dir
 process; no collective, so no device waits for a peer), and places the job's mean on this process's devices; the
 block after next lands the rest of the round before its first step, `s' - s - lead`, keeping the local steps made
 meanwhile: a round lands a block after its snapshot (its carry, built as the block in between starts to train, may
-wait up to half a block for the thread: `block_carry`). A block hands a snapshot over only once the round before
-has landed (in it, or earlier), so a snapshot holds every earlier round. The training thread dispatches no program
-for a round: it passes the carry on. (The two phases as programs of their own, dispatched at the boundaries, held
-the training thread at each until the block in flight was done, XLA:CPU dispatching onto inputs not computed yet:
-a 2 x 4 job drained its pipeline once a round, ~10 ms a round that no pace counted; the round landed two blocks
-after its snapshot; and `shadow_ma`'s NE in that job scattered, 0.844-0.905 over 12 runs of the default config at
-K 16, where fused it read 0.843-0.844 in 7, the cause not found. Fused without the wait, the thread's meeting
-missed the boundary it needed by a few ms, and rounds came every third block instead of every second: `shadow_ea`'s
-NE 0.862 against 0.853, issue 64.)
-An exception in the thread is re-raised at the first boundary after it happened.
+wait up to half a block for the thread: `block_carry`; without that wait the thread's meeting missed the boundary
+it needed by a few ms, and rounds came every third block instead of every second). A block hands a snapshot over
+only once the round before has landed (in it, or earlier), so a snapshot holds every earlier round. The training
+thread dispatches no program for a round: it passes the carry on (the phases as programs of their own, dispatched
+at the boundaries, held it at each until the block in flight was done). An exception in the thread is re-raised at
+the first boundary after it happened.
 
 Pace: a round starts no sooner than `min_interval_s` after the last one started. With 'auto' the interval is the
 round's cost over the budget, `max_overhead` of the trainers' throughput (`pacing.GapPacer`): its device time (its
@@ -41,24 +37,15 @@ host work (the thread's, and the training thread's for the carries of the round'
 round by round). `stats()` reports the pace and what it came from, and how late rounds land
 (`mean_merge_lag_steps`, `mean_round_latency_s`).
 
-Several processes: each runs one such thread, one round after the other, so round n of every process meets round
-n of the others. A process whose stream is done keeps serving snapshots from `finish` until every process is done:
-each round first agrees (`host_meeting`) on whether all processes have finished, and all threads stop after that
-same round. The same agreement takes the longest of the processes' paces, and every thread waits that long from the
-agreement, which they all leave together: the processes come to the next round at about the same moment. The
-first round waits for the process's training to be under way. Checkpoints need no pause: every process saves its own
-part, with no collective (`recovery.checkpointing`), a round in flight left out of it whole (`settled`).
-
-(Before, a round was a collective of the job's devices, dispatched by this thread: it waited on a process's devices,
-and the blocks queued behind it, for its peer's, up to a block, or a straggler's slow block; a 2 x 4 job measured
-0.13-0.15 s a round and paced them 4-5 s apart.)
+Several processes: each runs one such thread (`round_thread`: the rounds' agreement, their meeting and their
+pace across the processes). A process whose stream is done keeps serving snapshots from `finish` until every process
+is done. Checkpoints need no pause: every process saves its own part, with no collective
+(`recovery.checkpointing`), a round in flight left out of it whole (`settled`).
 """
 
 import collections
 from collections.abc import Callable
-import queue
 import statistics
-import threading
 import time
 from typing import Any, NamedTuple
 
@@ -76,6 +63,7 @@ from shadowsync_jax.sync import consensus
 from shadowsync_jax.sync import host_meeting
 from shadowsync_jax.sync import pacing
 from shadowsync_jax.sync import restarts
+from shadowsync_jax.sync import round_thread
 from shadowsync_jax.sync import rounds
 
 PyTree = Any
@@ -83,8 +71,7 @@ _NEVER = 2**30  # A count of steps past any block: nothing lands, or is handed o
 # The share of a block a block's carry may wait for the result of a round handed over two blocks before: the devices
 # train the block dispatched before it meanwhile (one is in flight), so a wait shorter than that block costs nothing.
 _RESULT_WAIT = 0.5
-_POLL_S = 0.05  # How often a waiting thread checks whether it was asked to stop.
-_HOST_COST_ROUNDS = 8  # The rounds whose host work's mean is the host cost of a round (`pacing.GapPacer`).
+_HOST_COST_ROUNDS = 8  # The rounds whose training-thread work's mean is that cost of a round (`pacing.GapPacer`).
 _ABANDON_JOIN_S = 5.0  # How long a failing run waits for the thread to notice.
 
 
@@ -126,7 +113,6 @@ class ShadowSync(hooks.Hook):
     self._first_round_after = first_round_after
     self._first_snapshot_step = first_round_after
     self._pacer = pacing.GapPacer(max_overhead, None if min_interval_s == 'auto' else float(min_interval_s))
-    self._interval_s = self._pacer.interval_s()  # Written by the training thread, read by the shadow thread.
     self._clock = pacing.BlockClock(self._pacer)
     self._in_flight = False  # A snapshot was handed over and its round not merged yet.
     self._snapshot_step: int | None = None  # The boundary that handed it over (None: after the last step).
@@ -146,37 +132,21 @@ class ShadowSync(hooks.Hook):
     self._blocks = 0  # Blocks of steps dispatched since `start`,
     self._handed_over_in = 0  # and the one that handed the round in flight over.
     self._zeros_L: Callable[[], PyTree] | None = None  # A fresh exchange, once the thread has the last one.
-    self._num_replicas = meshes.job.shape[replicas.REPLICA_AXIS]
     # (snapshot, the sync state it started from) of a round handed over, not landed yet: its lead has landed.
     self._handed_over: tuple[PyTree, PyTree] | None = None
     # (led copy, snapshot, sync state) of a round served after the last step (`finish`), not met yet.
     self._served: tuple[PyTree, PyTree, PyTree] | None = None
-    self._links = host_meeting.peer_links(meshes)
-    self._agree = host_meeting.round_agreement(meshes, self._links)
-    self._meet = host_meeting.sums_meeting(meshes, self._links)
-    self._job_interval_s: float | None = None  # The longest pace of the processes, agreed at the last round.
+    self._rounds = round_thread.RoundThread(meshes)
+    self._rounds.interval_s = self._pacer.interval_s()
     self._sync_state_R = None  # That of the last merged round; the thread runs ahead on its own copy.
-    self._snapshot_wanted = threading.Event()
-    self._snapshots: queue.Queue = queue.Queue(maxsize=1)
-    self._results: queue.Queue = queue.Queue(maxsize=1)
-    self._stop = threading.Event()  # Abandon rounds now (the run failed).
-    self._done = threading.Event()  # This process trained its whole stream; rounds go on until all processes are.
-    self._error: BaseException | None = None
-    self._failed = threading.Event()
-    self._thread: threading.Thread | None = None
     self._compiled = False
     self._gaps = rounds.GapTracker()
-    # The thread's CPU seconds for each of its last rounds' host work (its sums read, met and averaged), and their
-    # mean: on the training process's cores, a cost of the round beside its programs' device time (`pacing`).
-    self._host_costs_s: collections.deque[float] = collections.deque(maxlen=_HOST_COST_ROUNDS)
-    self._host_cost_s = 0.0
-    # The training thread's CPU seconds at the boundaries of each of its last rounds (dispatching the hand-over and
-    # the landing, the sync state's arrays), and their mean: the round's host work on that thread.
+    # The thread's host work a round (`RoundThread.host_cost_s`) is one cost of the round beside its programs' device
+    # time (`pacing`); the training thread's is another: its CPU seconds at the boundaries of each of its last rounds
+    # (the hand-over's and the landing's carries, the sync state's arrays), and their mean.
     self._boundary_costs_s: collections.deque[float] = collections.deque(maxlen=_HOST_COST_ROUNDS)
     self._boundary_cost_s = 0.0
     self._boundary_cpu_s = 0.0  # Since the last landing.
-    self._first_round_after_s = 0.0
-    self._training = threading.Event()  # The training thread has passed `_first_snapshot_step`.
 
   def fresh(self) -> 'ShadowSync':
     """A new driver of this one's settings, not started: a restart's, its first round a step after it."""
@@ -195,7 +165,6 @@ class ShadowSync(hooks.Hook):
     timed window at a random phase of the pace, as a window of a steady run would)."""
     if not first_round_after_s >= 0:
       raise ValueError(f'first_round_after_s={first_round_after_s} must be >= 0.')
-    self._first_round_after_s = first_round_after_s
     self._compile_rounds(state_L, sync_state_R)
     self._pacer.observe_round_cost(self._time_a_round(state_L, sync_state_R))
     self._sync_state_R = sync_state_R
@@ -206,12 +175,7 @@ class ShadowSync(hooks.Hook):
     self._first_snapshot_step = int(state_L.step[0]) + self._first_round_after
     self._clock.reset()
     self._in_flight, self._snapshot_step, self._served = False, None, None
-    self._stop.clear()
-    self._done.clear()
-    self._snapshot_wanted.clear()
-    self._training.clear()
-    self._thread = threading.Thread(target=self._run, name='shadow-sync', daemon=True)
-    self._thread.start()
+    self._rounds.start(first_round_after_s)
 
   def _compile_rounds(self, state_L: Any, sync_state_R: PyTree) -> None:
     """Compiles the snapshot copy, the round and the merge for these shapes, once, before training goes on.
@@ -299,17 +263,17 @@ class ShadowSync(hooks.Hook):
     land_at = hand_over_at = _NEVER
     if step is not None:
       deadline = time.perf_counter() + self._result_wait_s(steps)
-      result = self._result(deadline - time.perf_counter())
+      result = self._rounds.result(deadline - time.perf_counter())
       if result is not None:  # The thread goes on to the next round's agreement: its snapshot may go in this block.
-        self._snapshot_wanted.wait(max(0.0, deadline - time.perf_counter()))
+        self._rounds.snapshot_wanted.wait(max(0.0, deadline - time.perf_counter()))
       cpu_started = time.thread_time()
       if result is not None:  # Training: every result is of a round handed over among the steps (`finish` serves).
         _, mean_L, latency_s, _ = result
         self._carry_L = (*self._carry_L[:2], mean_L)
         land_at, self._landing = 0, (step, latency_s, self._snapshot_step, self._handed_over_at)
       first_done = step >= self._first_snapshot_step
-      if self._snapshot_wanted.is_set() and first_done and (not self._in_flight or self._landing is not None):
-        self._snapshot_wanted.clear()
+      if self._rounds.snapshot_wanted.is_set() and first_done and (not self._in_flight or self._landing is not None):
+        self._rounds.snapshot_wanted.clear()
         hand_over_at, self._handing_over = steps, True
         self._snapshot_step, self._handed_over_at = step + steps, time.perf_counter()
         self._handed_over_in = self._blocks
@@ -327,13 +291,6 @@ class ShadowSync(hooks.Hook):
       return 0.0
     return _RESULT_WAIT * step_s * steps
 
-  def _result(self, wait_s: float):
-    """The thread's result of the round in flight, waiting up to `wait_s` for it (None if not there by then)."""
-    try:
-      return self._results.get(timeout=wait_s) if wait_s > 0 else self._results.get_nowait()
-    except queue.Empty:
-      return None
-
   def after_block(self, carry: Carry) -> None:
     """The block's carry, dispatched: what the next block goes on with; a snapshot handed over goes to the
     thread."""
@@ -348,7 +305,7 @@ class ShadowSync(hooks.Hook):
       self._merge_lags_s.append(time.perf_counter() - handed_over_at)
       self._handed_over, self._in_flight, self._landing = None, False, None
     if self._handing_over:
-      self._snapshots.put(carry.exchange)
+      self._rounds.hand_over(carry.exchange)
       self._carry_L = (carry.sync_state, carry.snapshot, self._zeros_L())  # The thread reads the block's.
       self._in_flight, self._handing_over = True, False
     if self._in_flight:  # The newest copies of the round's snapshot and start (those before went to this block).
@@ -361,7 +318,7 @@ class ShadowSync(hooks.Hook):
 
   def before_block(self, b: hooks.Boundary) -> None:
     """Before the block from `b.step`: raise the thread's error (the block's carry lands and hands over)."""
-    self._raise_if_failed()
+    self._rounds.raise_if_failed()
 
   def at_boundary(self, b: hooks.Boundary) -> None:
     """After dispatching a block of `b.steps` steps: raise the thread's error, time the steps for the pace.
@@ -371,15 +328,15 @@ class ShadowSync(hooks.Hook):
     or a write (which waits for the device), not a round's cost, and a few such intervals among a round's would make
     the round look many times dearer. Bookkeeping of microseconds leaves the interval timed, and so does everything
     before a step time is known (so that one gets known)."""
-    self._raise_if_failed()
+    self._rounds.raise_if_failed()
     step_s = self._pacer.step_time_s()
     if step_s is not None and b.work_s > step_s:
       self._clock.skip()
     self._clock.boundary(time.perf_counter(), b.steps, b.waited, b.paused_s)
     if b.step >= self._first_snapshot_step:
-      self._training.set()
-    self._pacer.observe_host_cost(self._host_cost_s + self._boundary_cost_s)
-    self._interval_s = self._pacer.interval_s()
+      self._rounds.training()
+    self._pacer.observe_host_cost(self._rounds.host_cost_s + self._boundary_cost_s)
+    self._rounds.interval_s = self._pacer.interval_s()
 
   def finish(self, state_L: Any, abandon: bool = False) -> Any:
     """Ends the rounds and joins the thread; raises its error if it failed.
@@ -393,20 +350,19 @@ class ShadowSync(hooks.Hook):
     (the run is failing) drops the round in flight and returns within seconds, without raising the thread's
     error."""
     self._clock.skip()  # What comes before the next step (a save, the end) is no step time.
-    if self._thread is None:
+    if not self._rounds.started:
       return state_L
     if abandon:  # The thread may be waiting for a dead process: wait a little, not forever.
-      self._stop.set()
-      self._thread.join(timeout=_ABANDON_JOIN_S)
+      self._rounds.abandon(_ABANDON_JOIN_S)
       state_L, _ = self.settled(state_L)  # The round in flight dropped whole: its lead too.
       self._handed_over = None
       return state_L
-    self._done.set()
-    while self._thread.is_alive():
-      self._raise_if_failed()
+    self._rounds.finish_training()
+    while self._rounds.alive():
+      self._rounds.raise_if_failed()
       state_L = self._after_training(state_L)
-      self._thread.join(timeout=_POLL_S)
-    self._raise_if_failed()
+      self._rounds.join(round_thread.POLL_S)
+    self._rounds.raise_if_failed()
     return self._after_training(state_L)  # A result the thread posted as it ended.
 
   def consensus_rule(self) -> consensus.Rule:
@@ -425,7 +381,7 @@ class ShadowSync(hooks.Hook):
       'mean_merge_lag_s': sum(lags_s) / len(lags_s) if lags_s else None,
       **self._gaps.stats(),
       **self._pacer.stats(),
-      'sync_job_interval_s': self._job_interval_s,
+      'sync_job_interval_s': self._rounds.job_interval_s,
       'mean_merge_lag_steps': sum(lags) / len(lags) if lags else None,
     }
 
@@ -450,19 +406,13 @@ class ShadowSync(hooks.Hook):
         raise TimeoutError(f'only {self._gaps.rounds} of {rounds} shadow rounds in {timeout_s} s.')
       step_boundary()
 
-  def _raise_if_failed(self) -> None:
-    if self._failed.is_set():
-      raise self._error
-
   def _after_training(self, state_L: Any) -> Any:
     """`finish`'s boundary, no block after it: lands the round handed over among the steps once its result comes
     (a round, no sync gap), then serves a wanted snapshot: the sums of the params as trained, landed nowhere
     here."""
-    try:
-      job_mean, _, latency_s, all_done = self._results.get_nowait()
-    except queue.Empty:
-      pass
-    else:
+    result = self._rounds.result(0.0)
+    if result is not None:
+      job_mean, _, latency_s, all_done = result
       if self._handed_over is None:  # A round served after the last step: its sums met the peers', it lands here not.
         if not all_done:  # A peer trains on and lands it: its sync state (EA's center, BMUF's) moves here too.
           led_L, snapshot_L, sync_state_L = self._served
@@ -478,85 +428,12 @@ class ShadowSync(hooks.Hook):
         self._handed_over = None
         self._gaps.merged(None, latency_s)
       self._in_flight = False
-    if self._snapshot_wanted.is_set() and not self._in_flight:
-      self._snapshot_wanted.clear()
+    if self._rounds.snapshot_wanted.is_set() and not self._in_flight:
+      self._rounds.snapshot_wanted.clear()
       sync_state_L = replicas.to_local(self._sync_state_R, self._meshes)
       synced_L = rounds.copy(rounds.select(state_L.params, self._groups))
       led_L, snapshot_L, contributions_L = self._hand_over_L(synced_L, sync_state_L)
       self._served = (led_L, snapshot_L, sync_state_L)
-      self._snapshots.put(contributions_L)
+      self._rounds.hand_over(contributions_L)
       self._in_flight = True
     return state_L
-
-  def _run(self) -> None:
-    try:
-      # The first round waits for this process's training to be under way (past its compiling block and 'auto''s
-      # probe): its agreement then finds every process training, and its collective waits for no peer's compile.
-      while not (self._training.wait(_POLL_S) or self._stop.is_set() or self._done.is_set()):
-        continue
-      started_s = time.monotonic()
-      self._wait(lambda: self._first_round_after_s - (time.monotonic() - started_s))
-      while not self._stop.is_set():
-        # Agree before asking for the snapshot (module docstring): a wait here for a late peer is no round's cost.
-        agreed = self._agree(self._done.is_set(), self._interval_s, self._stop.is_set)
-        if agreed is None:
-          return
-        all_done, self._job_interval_s = agreed
-        round_start = time.monotonic()  # The same moment on every process: they all leave the agreement together.
-        contributions_L = self._next_snapshot()
-        if contributions_L is None:
-          return
-        started, cpu_started = time.perf_counter(), time.thread_time()
-        job_mean = host_meeting.job_mean(self._meet, contributions_L, self._num_replicas, self._stop.is_set)
-        if job_mean is None:
-          return
-        mean_L = self._on_devices(job_mean)  # The exchange of the block that lands it, placed off the steps' thread.
-        self._host_costs_s.append(time.thread_time() - cpu_started)  # Waits for the sums and the peers: no CPU.
-        self._host_cost_s = statistics.fmean(self._host_costs_s)
-        if not self._put_result((job_mean, mean_L, time.perf_counter() - started, all_done)) or all_done:
-          return
-        self._wait_for_the_next_round(round_start)
-    except BaseException as error:  # pylint: disable=broad-except  (handed to the training thread as it is)
-      self._error = error
-      self._failed.set()
-    finally:
-      if self._links is not None:  # No round meets after this one: every peer has read this process's last.
-        self._links.close()
-
-  def _on_devices(self, job_mean: PyTree) -> PyTree:
-    """The job's mean, a copy for each of this process's replicas, on their devices (a block's exchange)."""
-    copies = jax.tree.map(lambda leaf: np.broadcast_to(leaf, (self._num_local, *leaf.shape)), job_mean)
-    return replicas.shard(copies, self._meshes.local)
-
-  def _wait_for_the_next_round(self, round_start: float) -> None:
-    """Until the pace after `round_start`: the longest the processes agreed on at that round, or this process's own
-    if it grew since (the training thread may change it meanwhile); at once when this process is done, so that
-    `finish` does not wait out the pace."""
-    self._wait(lambda: max(self._job_interval_s, self._interval_s) - (time.monotonic() - round_start))
-
-  def _wait(self, remaining_s: Callable[[], float]) -> None:
-    """Until `remaining_s()` reaches 0 (asked again at every poll), or at once when stopped or this process is
-    done."""
-    while not (self._stop.is_set() or self._done.is_set()):
-      left_s = remaining_s()
-      if left_s <= 0:
-        return
-      self._stop.wait(min(left_s, _POLL_S))
-
-  def _next_snapshot(self) -> PyTree | None:
-    self._snapshot_wanted.set()
-    while not self._stop.is_set():
-      try:
-        return self._snapshots.get(timeout=_POLL_S)
-      except queue.Empty:
-        continue
-    return None
-
-  def _put_result(self, result) -> bool:
-    while not self._stop.is_set():
-      try:
-        self._results.put(result, timeout=_POLL_S)
-        return True
-      except queue.Full:
-        continue
-    return False

@@ -1,7 +1,7 @@
 """ShadowSync (docs/design.md §3): the merge rule, a loop that never waits, errors, shutdown, donation, no leaks.
 
 Most tests drive the real driver with a fake train step that adds a known per-replica delta to the params, so the
-params at every step boundary are known exactly. A round is held or observed by wrapping the driver's `_meet` (where
+params at every step boundary are known exactly. A round is held or observed by wrapping its thread's `_meet` (where
 the thread meets every process's sums, on the host): the wrapper records the snapshot `s` handed over and the synced
 `s'` the algorithm makes of it, and holds the round until the test releases it. Nothing here sleeps to
 pass; tests wait on events with generous timeouts, and every loop that could hang has a deadline.
@@ -96,13 +96,13 @@ class Loop:
 
 
 class HeldRounds:
-  """Stands in for a driver's `_meet` (where a round's sums meet every process's): records each round, and holds it
-  until `release` (fails it if `fail`). A round's snapshot and its synced params are recorded as the algorithm's
-  round (`algorithms.stacked`) makes them from the snapshot handed over."""
+  """Stands in for a driver's thread's `_meet` (where a round's sums meet every process's): records each round, and
+  holds it until `release` (fails it if `fail`). A round's snapshot and its synced params are recorded as the
+  algorithm's round (`algorithms.stacked`) makes them from the snapshot handed over."""
 
   def __init__(self, driver, algorithm, fail: BaseException | None = None):
-    self._driver, self._meet, self._fail = driver, driver._meet, fail  # pylint: disable=protected-access
-    self._mesh = replicas.make_mesh(driver._num_replicas)  # pylint: disable=protected-access
+    self._driver, self._meet, self._fail = driver, driver._rounds._meet, fail  # pylint: disable=protected-access
+    self._mesh = replicas.make_mesh(driver._rounds._num_replicas)  # pylint: disable=protected-access
     self._sync_R = sync_algorithms.stacked(algorithm, self._mesh)[1]
     self.entered, self.release = threading.Event(), threading.Event()
     self.rounds = []  # (snapshot s, synced s', sync state after the round), as numpy
@@ -132,7 +132,7 @@ class HeldRounds:
 def _holding_rounds(driver, monkeypatch, fail: BaseException | None = None):
   """Installs `HeldRounds` on `driver`; on exit releases it, so a failing test leaves no thread waiting."""
   held = HeldRounds(driver, driver._algorithm_for_tests, fail)  # pylint: disable=protected-access
-  monkeypatch.setattr(driver, '_meet', held)
+  monkeypatch.setattr(driver._rounds, '_meet', held)
   try:
     yield held
   finally:
@@ -185,7 +185,7 @@ def test_merge_keeps_the_local_steps_made_during_the_round(monkeypatch, name, nu
   """w <- w + (s' - s): the steps made between the snapshot and the merge survive the merge."""
   local_steps = 7
   loop = Loop(_driver(name, num_replicas, groups), num_replicas)
-  done, agreements = loop.driver._done, []  # pylint: disable=protected-access
+  done, agreements = loop.driver._rounds._done, []  # pylint: disable=protected-access
 
   def agree(_, interval_s, stopped):  # The round after the first is agreed once training is done: it moves nothing.
     agreements.append(interval_s)
@@ -193,7 +193,7 @@ def test_merge_keeps_the_local_steps_made_during_the_round(monkeypatch, name, nu
       done.wait()
     return done.is_set(), interval_s
 
-  monkeypatch.setattr(loop.driver, '_agree', agree)
+  monkeypatch.setattr(loop.driver._rounds, '_agree', agree)
   with _holding_rounds(loop.driver, monkeypatch) as held:
     thread = _start(loop)
     loop.advance_until(held.entered.is_set, 'the first snapshot')
@@ -311,7 +311,7 @@ def test_finish_lands_no_round_after_the_last_step():
   loop = Loop(_driver('ma', 4), 4)
   thread = _start(loop)
   loop.advance()  # The first round waits for training to be under way.
-  assert loop.driver._snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
+  assert loop.driver._rounds.snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
   final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   assert not thread.is_alive()
   _assert_tree_close(final.params, loop.unsynced(loop.step), 'params after finish')
@@ -326,11 +326,13 @@ def test_a_round_served_after_the_last_step_moves_the_sync_state_only_while_a_pe
   loop = Loop(_driver('ea', 4), 4)
   initial_sync_state = loop.driver.initial_sync_state(loop.state)
   if not peer_trains_on:  # The peer arrives at the agreement only once this process is done: all are done.
-    monkeypatch.setattr(loop.driver, '_agree', lambda done, interval_s, stopped: (loop.driver._done.wait(), interval_s))  # pylint: disable=protected-access
+    monkeypatch.setattr(
+      loop.driver._rounds, '_agree', lambda done, interval_s, stopped: (loop.driver._rounds._done.wait(), interval_s)
+    )  # pylint: disable=protected-access
   thread = _start(loop)
   loop.advance()  # The first round waits for training to be under way.
   if peer_trains_on:  # This process agreed to a round while training (a peer trains on): its snapshot is wanted.
-    assert loop.driver._snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
+    assert loop.driver._rounds.snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
   final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   assert not thread.is_alive()
   _assert_tree_close(final.params, loop.unsynced(loop.step), 'params after finish')
@@ -346,7 +348,7 @@ def test_abandoning_stops_a_thread_that_waits_for_a_snapshot():
   loop = Loop(_driver('ma', 4), 4)
   thread = _start(loop)
   loop.advance()
-  assert loop.driver._snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
+  assert loop.driver._rounds.snapshot_wanted.wait(TIMEOUT_S)  # pylint: disable=protected-access
   started = time.monotonic()
   assert _within(10.0, lambda: loop.driver.finish(loop.state, abandon=True)) is loop.state
   assert not thread.is_alive()
@@ -380,7 +382,7 @@ def test_shadow_ea_conserves_replicas_plus_center(monkeypatch):
   the fourth are agreed once it is done, and move nothing.)
   """
   loop = Loop(_driver('ea', 4), 4)
-  done, agreements = loop.driver._done, []  # pylint: disable=protected-access
+  done, agreements = loop.driver._rounds._done, []  # pylint: disable=protected-access
 
   def agree(_, interval_s, stopped):
     agreements.append(interval_s)
@@ -388,7 +390,7 @@ def test_shadow_ea_conserves_replicas_plus_center(monkeypatch):
       done.wait()
     return done.is_set(), interval_s
 
-  monkeypatch.setattr(loop.driver, '_agree', agree)
+  monkeypatch.setattr(loop.driver._rounds, '_agree', agree)
   _start(loop)
   center_0 = jax.tree.map(lambda x: x.mean(axis=0), loop.initial)
 
@@ -581,7 +583,7 @@ def test_the_first_round_waits_first_round_after_s_and_finish_does_not():
     loop.driver.start(loop.state, loop.driver.initial_sync_state(loop.state), first_round_after_s=-1.0)
   thread = _start(loop, first_round_after_s=1000.0)
   loop.run(20)
-  assert not loop.driver._snapshot_wanted.is_set() and loop.driver.stats()['sync_rounds'] == 0  # pylint: disable=protected-access
+  assert not loop.driver._rounds.snapshot_wanted.is_set() and loop.driver.stats()['sync_rounds'] == 0  # pylint: disable=protected-access
   started = time.monotonic()
   final = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
   assert not thread.is_alive() and time.monotonic() - started < 10.0
@@ -600,10 +602,10 @@ def test_no_snapshot_is_handed_over_before_first_round_after_steps_from_each_sta
     assert loop.driver.next_due(loop.step) >= loop.step + 28
     loop.run(27)
     time.sleep(0.2)  # Time enough for the thread to ask for a snapshot, were it to ask early.
-    assert not loop.driver._snapshot_wanted.is_set(), f'a snapshot asked for before step 28 of start {start}'  # pylint: disable=protected-access
+    assert not loop.driver._rounds.snapshot_wanted.is_set(), f'a snapshot asked for before step 28 of start {start}'  # pylint: disable=protected-access
     assert not loop.driver._in_flight, f'a snapshot before step 28 of start {start}'  # pylint: disable=protected-access
     loop.run(1)
-    _within(TIMEOUT_S, lambda: _wait_for(loop.driver._snapshot_wanted.is_set))  # pylint: disable=protected-access
+    _within(TIMEOUT_S, lambda: _wait_for(loop.driver._rounds.snapshot_wanted.is_set))  # pylint: disable=protected-access
     loop.run(1)
     assert loop.driver._in_flight, f'no snapshot at the boundary after step 28 of start {start}'  # pylint: disable=protected-access
     loop.state = _within(TIMEOUT_S, lambda: loop.driver.finish(loop.state))
@@ -646,8 +648,8 @@ def test_a_step_after_long_loop_work_is_left_out_of_the_pace(monkeypatch):
 
 
 class LatePeer:
-  """Stands in for the driver's `_agree` (across processes, through the coordination service): at its second call a
-  peer is late, and the call waits until the test sets `arrive`."""
+  """Stands in for the driver's thread's `_agree` (across processes, through the coordination service): at its
+  second call a peer is late, and the call waits until the test sets `arrive`."""
 
   def __init__(self):
     self.calls = 0
@@ -667,13 +669,13 @@ def test_a_process_waiting_for_a_late_peer_hands_nothing_over(monkeypatch):
   asked for no snapshot: its steps go on, and nothing of a round is on its devices, until the peer has arrived."""
   loop = Loop(_driver('ma', 4, min_interval_s=0.0), 4)
   late = LatePeer()
-  monkeypatch.setattr(loop.driver, '_agree', late)
+  monkeypatch.setattr(loop.driver._rounds, '_agree', late)
   try:
     _start(loop)
     loop.wait_for_rounds(1)
     loop.advance_until(late.waiting.is_set, 'the second round waiting for the late peer')
     loop.run(10)
-    assert not loop.driver._snapshot_wanted.is_set()  # pylint: disable=protected-access
+    assert not loop.driver._rounds.snapshot_wanted.is_set()  # pylint: disable=protected-access
     assert loop.driver._handed_over is None  # pylint: disable=protected-access
   finally:
     late.arrive.set()
@@ -699,13 +701,13 @@ def test_a_blocks_carry_waits_up_to_half_a_block_for_the_round_handed_over_two_b
   thread's meeting (made 50 ms long) takes less than that; when it takes longer the carry goes without it, and the
   round lands later."""
   loop = Loop(_driver('ma', 4, min_interval_s=0.0), 4)
-  meet = loop.driver._meet  # pylint: disable=protected-access
+  meet = loop.driver._rounds._meet  # pylint: disable=protected-access
 
   def slow_meet(vector, stopped):
     time.sleep(0.05)
     return meet(vector, stopped)
 
-  monkeypatch.setattr(loop.driver, '_meet', slow_meet)
+  monkeypatch.setattr(loop.driver._rounds, '_meet', slow_meet)
   _start(loop)
   monkeypatch.setattr(loop.driver._pacer, 'step_time_s', lambda: step_s)  # pylint: disable=protected-access
   loop.wait_for_rounds(3)
