@@ -348,9 +348,9 @@ def headline(path: str) -> str:
     + f' of it on the same seed (cpr_mfu/ssu target {TARGET["vs_full"]:g}: '
     f'{result_files.verdict(cpr_low, cpr_high, TARGET["vs_full"], higher_is_better=False)}); a restart '
     f'{min(restarts):.2f}-{max(restarts):.2f} s (target {TARGET["restart_s"]:g} s on average a run: '
-    f'{result_files.runs_verdict(restarts, TARGET["restart_s"])} runs)'
+    f'{result_files.runs_verdict(restarts, TARGET["restart_s"])})'
     f"; NE within {max(ne):.3f}% of the failure-free run's (target {TARGET['ne_pct']:g}% a run: "
-    f'{result_files.runs_verdict(ne, TARGET["ne_pct"])} runs)'
+    f'{result_files.runs_verdict(ne, TARGET["ne_pct"])})'
   )
 
 

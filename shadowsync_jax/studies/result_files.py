@@ -46,4 +46,4 @@ def verdict(low: float, high: float, target: float, higher_is_better: bool = Tru
 def runs_verdict(values: list[float], bound: float) -> str:
   """A bound every run must keep (each run's NE, each restart): 'met' where all do, else how many do not."""
   over = sum(v > bound for v in values)
-  return 'met' if not over else f'not met by {over} of {len(values)}'
+  return 'met by every run' if not over else f'not met by {over} of {len(values)} runs'

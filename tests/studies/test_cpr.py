@@ -98,5 +98,5 @@ def test_the_headline_gives_means_and_ranges_over_the_seeds(monkeypatch):
 def test_a_bound_every_run_must_keep_is_met_only_when_every_run_keeps_it():
   """Each run's NE and restart are bounds a run keeps or not: the headline counts the runs over, never 'within
   noise' for a spread that holds both."""
-  assert result_files.runs_verdict([0.0, 0.05, 0.1], 0.1) == 'met'
-  assert result_files.runs_verdict([0.0, 2.7, 0.05], 0.1) == 'not met by 1 of 3'
+  assert result_files.runs_verdict([0.0, 0.05, 0.1], 0.1) == 'met by every run'
+  assert result_files.runs_verdict([0.0, 2.7, 0.05], 0.1) == 'not met by 1 of 3 runs'
