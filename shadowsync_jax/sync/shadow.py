@@ -132,13 +132,15 @@ class ShadowSync(hooks.Hook):
     self._blocks = 0  # Blocks of steps dispatched since `start`,
     self._handed_over_in = 0  # and the one that handed the round in flight over.
     self._zeros_L: Callable[[], PyTree] | None = None  # A fresh exchange, once the thread has the last one.
+    self._never_flags_L = None  # The last block's flags (both `_NEVER`), for a next block with no round work.
     # (snapshot, the sync state it started from) of a round handed over, not landed yet: its lead has landed.
     self._handed_over: tuple[PyTree, PyTree] | None = None
     # (led copy, snapshot, sync state) of a round served after the last step (`finish`), not met yet.
     self._served: tuple[PyTree, PyTree, PyTree] | None = None
     self._rounds = round_thread.RoundThread(meshes)
     self._rounds.interval_s = self._pacer.interval_s()
-    self._sync_state_R = None  # That of the last merged round; the thread runs ahead on its own copy.
+    # That of the last merged round, this process's part (the job's arrays made from it when asked: `sync_state`).
+    self._sync_state_L = None
     self._compiled = False
     self._gaps = rounds.GapTracker()
     # The thread's host work a round (`RoundThread.host_cost_s`) is one cost of the round beside its programs' device
@@ -167,9 +169,10 @@ class ShadowSync(hooks.Hook):
       raise ValueError(f'first_round_after_s={first_round_after_s} must be >= 0.')
     self._compile_rounds(state_L, sync_state_R)
     self._pacer.observe_round_cost(self._time_a_round(state_L, sync_state_R))
-    self._sync_state_R = sync_state_R
+    self._sync_state_L = replicas.to_local(sync_state_R, self._meshes)
     # The blocks' own copies (they take them: the caller's, a restored state's, stay as they are).
-    self._carry_L = (rounds.copy(replicas.to_local(sync_state_R, self._meshes)), self._zeros_L(), self._zeros_L())
+    self._carry_L = (rounds.copy(self._sync_state_L), self._zeros_L(), self._zeros_L())
+    self._never_flags_L = None
     self._landing, self._handing_over, self._blocks, self._handed_over_in = None, False, 0, 0
     self._gaps.reset(int(state_L.step[0]))
     self._first_snapshot_step = int(state_L.step[0]) + self._first_round_after
@@ -280,8 +283,12 @@ class ShadowSync(hooks.Hook):
       if self._landing is not None or self._handing_over:
         self._boundary_cpu_s += time.thread_time() - cpu_started
       self._blocks += 1
-    flags = (np.full(self._num_local, land_at, np.int32), np.full(self._num_local, hand_over_at, np.int32))
-    return Carry(*self._carry_L, *replicas.shard(flags, self._meshes.local))
+    if land_at == hand_over_at == _NEVER and self._never_flags_L is not None:
+      flags_L, self._never_flags_L = self._never_flags_L, None  # The last block's, no copy to the devices.
+    else:
+      flags = (np.full(self._num_local, land_at, np.int32), np.full(self._num_local, hand_over_at, np.int32))
+      flags_L = replicas.shard(flags, self._meshes.local)
+    return Carry(*self._carry_L, *flags_L)
 
   def _result_wait_s(self, steps: int) -> float:
     """How long this block's carry may wait for the round in flight: none if its hand-over's block may still be
@@ -296,7 +303,8 @@ class ShadowSync(hooks.Hook):
     thread."""
     cpu_started, round_work = time.thread_time(), self._landing is not None or self._handing_over
     self._carry_L = (carry.sync_state, carry.snapshot, carry.exchange)
-    self._sync_state_R = replicas.to_job(carry.sync_state, self._meshes)
+    self._sync_state_L = carry.sync_state
+    self._never_flags_L = (carry.land_at, carry.hand_over_at)  # Every phase in the block set its flag to _NEVER.
     landed = self._landing is not None
     if landed:
       merged_at, latency_s, snapshot_step, handed_over_at = self._landing
@@ -369,7 +377,7 @@ class ShadowSync(hooks.Hook):
     return consensus.Rule(self._name, self._groups, self._tables)
 
   def consensus(self, params_L: PyTree) -> PyTree:
-    return consensus.materialize(self.consensus_rule(), params_L, self._sync_state_R, self._meshes)
+    return consensus.materialize(self.consensus_rule(), params_L, self.sync_state(), self._meshes)
 
   def stats(self) -> dict[str, Any]:
     """The rounds and sync gaps (`rounds.GapTracker`), this process's pace (`pacing.GapPacer.stats`),
@@ -386,17 +394,17 @@ class ShadowSync(hooks.Hook):
     }
 
   def sync_state(self) -> PyTree:
-    """The sync state of the last merged round."""
-    return self._sync_state_R
+    """The sync state of the last merged round (the job's arrays, this process's part of them)."""
+    return None if self._sync_state_L is None else replicas.to_job(self._sync_state_L, self._meshes)
 
   def settled(self, state_L: Any) -> tuple[Any, PyTree]:
     """With a round in flight, the params without its lead (new buffers), and the last merged round's sync state:
     the round is not in the pair at all (its late part is not computed yet)."""
     if self._handed_over is None:
-      return state_L, self._sync_state_R
+      return state_L, self.sync_state()
     snapshot_L, sync_state_L = self._handed_over
     unled = self._take_back_L(rounds.select(state_L.params, self._groups), snapshot_L, sync_state_L)
-    return state_L._replace(params=rounds.with_synced(state_L.params, unled)), self._sync_state_R
+    return state_L._replace(params=rounds.with_synced(state_L.params, unled)), self.sync_state()
 
   def wait_for_rounds(self, rounds: int, step_boundary, timeout_s: float = 60.0) -> None:
     """Test helper: calls `step_boundary()` until `rounds` rounds were merged (or raises TimeoutError)."""
@@ -416,7 +424,7 @@ class ShadowSync(hooks.Hook):
       if self._handed_over is None:  # A round served after the last step: its sums met the peers', it lands here not.
         if not all_done:  # A peer trains on and lands it: its sync state (EA's center, BMUF's) moves here too.
           led_L, snapshot_L, sync_state_L = self._served
-          self._sync_state_R = replicas.to_job(self._land_L(led_L, snapshot_L, sync_state_L, job_mean)[1], self._meshes)
+          self._sync_state_L = self._land_L(led_L, snapshot_L, sync_state_L, job_mean)[1]
         self._served = None
       else:
         snapshot_L, sync_state_L = self._handed_over
@@ -424,13 +432,13 @@ class ShadowSync(hooks.Hook):
           rounds.select(state_L.params, self._groups), snapshot_L, sync_state_L, job_mean
         )
         state_L = state_L._replace(params=rounds.with_synced(state_L.params, synced_L))
-        self._sync_state_R = replicas.to_job(sync_state_L, self._meshes)
+        self._sync_state_L = sync_state_L
         self._handed_over = None
         self._gaps.merged(None, latency_s)
       self._in_flight = False
     if self._rounds.snapshot_wanted.is_set() and not self._in_flight:
       self._rounds.snapshot_wanted.clear()
-      sync_state_L = replicas.to_local(self._sync_state_R, self._meshes)
+      sync_state_L = self._sync_state_L
       synced_L = rounds.copy(rounds.select(state_L.params, self._groups))
       led_L, snapshot_L, contributions_L = self._hand_over_L(synced_L, sync_state_L)
       self._served = (led_L, snapshot_L, sync_state_L)
