@@ -61,23 +61,34 @@ _PROCESS_K = flags.DEFINE_integer('process_k', 1, "Internal: the job's steps a d
 _PROCESS_ALGORITHM = flags.DEFINE_string(
   'process_algorithm', loop.JOB_ALGORITHMS[0], "Internal: the job's sync.algorithm, for --process_step_alone."
 )
+_PROCESS_INDEX = flags.DEFINE_integer(
+  'process_index', 0, 'Internal: which process of the job, for --process_step_alone.'
+)
 _ROOT = flags.DEFINE_string('root', '', 'Where the runs go (default: a temporary directory).')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results/loop.md', 'Where the table and raw figures go.')
 
 
-def _process_step_alone(steps: int, steps_per_dispatch: int, algorithm: str) -> float:
-  """A process of the job's (a): its replicas' block program of the job's K alone, on its devices."""
+def _process_step_alone(steps: int, steps_per_dispatch: int, algorithm: str, index: int) -> tuple[float, float]:
+  """A process of the job's (a): its replicas' block program of the job's K alone, on its devices; and its (d): the
+  blocks of its replicas read from the job's stream, as its reader reads them."""
   jax.config.update('jax_num_cpu_devices', loop.JOB_DEVICES)
   config = default.get_config()
   config.num_replicas, config.sync.algorithm = loop.JOB_DEVICES, algorithm
   config.data.num_train_examples, config.data.num_eval_examples = _JOB_EXAMPLES.value // loop.JOB_PROCESSES, 16_384
-  return loop.time_step_alone(config, steps_per_dispatch, steps)
+  step_alone = loop.time_step_alone(config, steps_per_dispatch, steps)
+  job = default.get_config()
+  job.num_replicas, job.data.num_train_examples = loop.JOB_PROCESSES * loop.JOB_DEVICES, _JOB_EXAMPLES.value
+  own = range(index * loop.JOB_DEVICES, (index + 1) * loop.JOB_DEVICES)
+  return step_alone, loop.time_block_reading(job, steps_per_dispatch, steps, own)
 
 
 def main(argv: Sequence[str]) -> None:
   del argv
   if _PROCESS_STEP_ALONE.value:
-    print(_process_step_alone(_PROCESS_STEP_ALONE.value, _PROCESS_K.value, _PROCESS_ALGORITHM.value))
+    rates = _process_step_alone(
+      _PROCESS_STEP_ALONE.value, _PROCESS_K.value, _PROCESS_ALGORITHM.value, _PROCESS_INDEX.value
+    )
+    print(*rates)
     return
   root = _ROOT.value or tempfile.mkdtemp(prefix='shadowsync_loop_')
   configs = {name: CONFIGS[name] for name in _CONFIGS.value}

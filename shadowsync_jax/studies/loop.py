@@ -96,6 +96,26 @@ def time_step_alone(config, steps_per_dispatch: int, timed_steps: int) -> float:
   return num_blocks * steps_per_dispatch * num_replicas * config.batch_size / seconds
 
 
+def time_block_reading(config, steps_per_dispatch: int, timed_steps: int, replicas_read: range) -> float:
+  """(d): examples/sec of reading the blocks of `replicas_read` (of all `config.num_replicas`) from the stream on this
+  thread, as the loop's reader reads them (`input_pipeline.read_block`: generated or read, checked, laid out), about
+  `timed_steps` steps of the stream from its start: what the input costs the cores it runs on."""
+  config = config_lib.resolve(config)
+  source, _ = input_pipeline.make_sources(config.data, config.seed)
+  input_pipeline.pin_blas_threads()  # As the loop's readers run.
+  read = functools.partial(
+    input_pipeline.read_block, source, config.num_replicas, config.batch_size, replicas=replicas_read
+  )
+  available = input_pipeline.num_steps(len(source), config.num_replicas, config.batch_size) // steps_per_dispatch
+  num_blocks = max(1, min(timed_steps // steps_per_dispatch, available))
+  read(0, steps_per_dispatch, steps_per_dispatch)  # Warm: the source's caches, the allocator.
+  started = time.perf_counter()
+  for i in range(num_blocks):
+    read(i * steps_per_dispatch, steps_per_dispatch, steps_per_dispatch)
+  seconds = time.perf_counter() - started
+  return num_blocks * steps_per_dispatch * len(replicas_read) * config.batch_size / seconds
+
+
 def _make_no_work_block(config, meshes, between=None):
   """A block program that trains nothing: the state back as it came (donated), zero losses (for a run without fused
   rounds: `between` None)."""
@@ -186,8 +206,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
   verdicts against the targets."""
   lines = [
     "| config | batch | K | (a) step alone, ex/s | (b) loop, ex/s | (b)/(a) (range) | (b')/(a): stream in memory "
-    '| (c) no-work loop, ex/s |',
-    '|---|---|---|---|---|---|---|---|',
+    '| (c) no-work loop, ex/s | (a) with (d), the reading, on the same cores: /(a) |',
+    '|---|---|---|---|---|---|---|---|---|',
   ]
   for result in results.values():
     runs, (low, high) = result['runs'], result['loop_share_range']
@@ -202,11 +222,14 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     )
     memory = [r['in_memory_share'] for r in runs]
     in_memory = f'{statistics.median(memory):.2f} ({min(memory):.2f}-{max(memory):.2f})'
-    if ceiling is None:  # A job: (c) is not timed.
-      lines.append(f'{row} {in_memory} | - |')
+    if ceiling is None:  # A job: (c) is not timed, (d) is.
+      reading = [r['with_reading_share'] for r in runs if 'with_reading_share' in r]
+      with_reading = f'{statistics.median(reading):.2f} ({min(reading):.2f}-{max(reading):.2f})' if reading else '-'
+      lines.append(f'{row} {in_memory} | - | {with_reading} |')
       continue
     target = TARGET_CEILING_PREPARED if result.get('source') == 'prepared' else TARGET_CEILING
-    lines.append(f'{row} {in_memory} | {ceiling:,.0f} (target {target / 1e6:.0f}M: {_verdict(ceiling, 0, target)}) |')
+    verdict = _verdict(ceiling, 0, target)
+    lines.append(f'{row} {in_memory} | {ceiling:,.0f} (target {target / 1e6:.0f}M: {verdict}) | - |')
   return '\n'.join(lines)
 
 
@@ -241,7 +264,10 @@ def _job_note(results: dict[str, dict[str, Any]]) -> str:
     f"`sync.algorithm` {' and '.join(algorithms)} in turn, the default config otherwise): (b) its summary's "
     "examples/sec (the processes' sum), (a) the block program of each process's replicas alone at the K (b) chose, "
     "the processes run at once, pinned as the launcher pins them, (b') the job again with `data.in_memory` (every "
-    'process reads the whole stream into memory before training); (c) is not timed for a job.'
+    'process reads the whole stream into memory before training); (c) is not timed for a job; (d) each process '
+    "reading its replicas' blocks of the stream alone (`input_pipeline.read_block`, on its cores), and (a) with (d) "
+    'the most a process trains when its cores also read its stream, 1 / (1/(a) + 1/(d)) summed over the processes '
+    '(a bound for (b) where no core is spare).'
   )
 
 
@@ -273,31 +299,36 @@ def time_job_loop(
   return job.summary
 
 
-def time_job_step_alone(process_command: list[str]) -> float:
-  """(a) of the job: `process_command` (a process that prints the examples/sec of `time_step_alone` on its
-  `JOB_DEVICES` replicas at the job's K, its last line) started once a process of the job, each pinned to its share
-  of the cores as `--pin_cpus` pins them, all at once; the sum."""
+def time_job_step_alone(process_command: list[str]) -> tuple[float, float]:
+  """(a) of the job, and (a) with (d) after it on the same cores: `process_command` (a process that prints its
+  replicas' (a) and (d), `time_step_alone` and `time_block_reading` at the job's K, as its last line) started once a
+  process of the job (`--process_index`), each pinned to its share of the cores as `--pin_cpus` pins them, all at
+  once; the sums over the processes. A process whose cores also read its stream trains at most 1 / (1/a + 1/d)."""
   shares = [children.cpu_share(p, JOB_PROCESSES) for p in range(JOB_PROCESSES)]
   running = [
     subprocess.Popen(
-      process_command, stdout=subprocess.PIPE, text=True, preexec_fn=functools.partial(os.sched_setaffinity, 0, share)
+      [*process_command, f'--process_index={p}'],
+      stdout=subprocess.PIPE,
+      text=True,
+      preexec_fn=functools.partial(os.sched_setaffinity, 0, share),
     )
-    for share in shares
+    for p, share in enumerate(shares)
   ]
   outputs = [process.communicate()[0] for process in running]
   for process, output in zip(running, outputs):
     if process.returncode != 0:
       raise RuntimeError(f'{" ".join(process_command)} failed ({process.returncode}): {output[-2000:]}')
-  return sum(float(output.strip().splitlines()[-1]) for output in outputs)
+  rates = [tuple(map(float, output.strip().splitlines()[-1].split())) for output in outputs]
+  return sum(step for step, _ in rates), sum(1 / (1 / step + 1 / reading) for step, reading in rates)
 
 
 def run_job(
   repeats: int, num_train_examples: int, root: pathlib.Path, process_command: list[str]
 ) -> dict[str, dict[str, Any]]:
-  """The job's (b), (b') and (a) for each of `JOB_ALGORITHMS`, in turn within each of `repeats` repeats (so that
-  each pair ran minutes apart); a row of `table` each, keyed 'job' (the first) and 'job_ALGORITHM' ((c) is not timed
-  for a job). `process_command` with `--process_step_alone=STEPS --process_k=K --process_algorithm=NAME`
-  prints a process's (a)."""
+  """The job's (b), (b'), (a) and (a) with (d) for each of `JOB_ALGORITHMS`, in turn within each of `repeats` repeats
+  (so that each pair ran minutes apart); a row of `table` each, keyed 'job' (the first) and 'job_ALGORITHM' ((c) is
+  not timed for a job). `process_command` with `--process_step_alone=STEPS --process_k=K --process_algorithm=NAME
+  --process_index=P` prints process P's (a) and (d)."""
   runs = {algorithm: [] for algorithm in JOB_ALGORITHMS}
   for repeat in range(repeats):
     for algorithm, algorithm_runs in runs.items():
@@ -306,7 +337,7 @@ def run_job(
         algorithm, num_train_examples, pathlib.Path(root) / f'job_{algorithm}_in_memory_{repeat}', in_memory=True
       )
       steps, per_dispatch = loop['train_steps'], loop['steps_per_dispatch']
-      step_alone = time_job_step_alone(
+      step_alone, with_reading = time_job_step_alone(
         [
           *process_command,
           f'--process_step_alone={steps}',
@@ -322,6 +353,8 @@ def run_job(
           'loop_share': loop['examples_per_sec'] / step_alone,
           'in_memory_examples_per_sec': in_memory['examples_per_sec'],
           'in_memory_share': in_memory['examples_per_sec'] / step_alone,
+          'with_reading_examples_per_sec': with_reading,
+          'with_reading_share': with_reading / step_alone,
           'sync_rounds': loop['sync_rounds'],
           'eval_ne': loop['eval_ne'],
         }

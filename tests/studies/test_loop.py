@@ -31,13 +31,18 @@ def test_the_loop_the_step_alone_and_the_no_work_loop_are_timed_and_tabled(tmp_p
 
 
 def test_the_jobs_step_alone_sums_its_processes_run_at_once_and_its_row_says_what_was_not_timed():
-  """(a) of a job: one command a process, each pinned to its share of the cores, all at once; the sum of their last
-  lines. Its row has (b)/(a), (b')/(a) and no (c)."""
-  command = [sys.executable, '-c', 'import os; print("warm-up line"); print(len(os.sched_getaffinity(0)) * 1000.0)']
-  cores = len(os.sched_getaffinity(0))
-  assert loop.time_job_step_alone(command) == 1000.0 * (
-    cores if cores >= loop.JOB_PROCESSES else loop.JOB_PROCESSES * cores
+  """(a) of a job: one command a process (its index added), each pinned to its share of the cores, all at once; the
+  sum of the first figures of their last lines; (a) with (d) from both figures. Its row has (b)/(a), (b')/(a), no (c),
+  and (a) with (d)."""
+  script = (
+    'import os, sys; print("warm-up line"); index = int(sys.argv[-1].split("=")[1]); '
+    'print(len(os.sched_getaffinity(0)) * 1000.0, 3000.0 * (index + 1))'
   )
+  cores = len(os.sched_getaffinity(0))
+  each = 1000.0 * (cores // loop.JOB_PROCESSES if cores >= loop.JOB_PROCESSES else 1)
+  step_alone, with_reading = loop.time_job_step_alone([sys.executable, '-c', script])
+  assert step_alone == loop.JOB_PROCESSES * each
+  assert with_reading == sum(1 / (1 / each + 1 / (3000.0 * (p + 1))) for p in range(loop.JOB_PROCESSES))
   job = {
     'config': 'default, 2 x 4 replicas, shadow_ma',
     'batch_size': 256,
@@ -47,6 +52,7 @@ def test_the_jobs_step_alone_sums_its_processes_run_at_once_and_its_row_says_wha
         'step_alone_examples_per_sec': 100.0,
         'loop_examples_per_sec': 80.0,
         'in_memory_share': 0.95,
+        'with_reading_share': 0.85,
       }
     ],
     'loop_share_median': 0.8,
@@ -55,7 +61,7 @@ def test_the_jobs_step_alone_sums_its_processes_run_at_once_and_its_row_says_wha
   }
   assert loop.table({'job': job}).splitlines()[-1] == (
     '| default, 2 x 4 replicas, shadow_ma | 256 | 1 | 100 | 80 | 0.80 (0.80-0.80; target 0.9: not met) '
-    '| 0.95 (0.95-0.95) | - |'
+    '| 0.95 (0.95-0.95) | - | 0.85 (0.85-0.85) |'
   )
 
 
@@ -77,7 +83,7 @@ def test_a_job_is_timed_with_each_algorithm_in_turn_each_at_the_k_it_chose(monke
 
   def fake_step_alone(command):
     commands.append(command)
-    return 100.0
+    return 100.0, 90.0
 
   monkeypatch.setattr(loop, 'time_job_loop', fake_loop)
   monkeypatch.setattr(loop, 'time_job_step_alone', fake_step_alone)
@@ -88,5 +94,14 @@ def test_a_job_is_timed_with_each_algorithm_in_turn_each_at_the_k_it_chose(monke
   assert rows['job']['algorithm'] == 'shadow_ma' and rows['job_none']['config'].endswith('replicas, none')
   assert [r['steps_per_dispatch'] for r in rows['job_shadow_bmuf']['runs']] == [32, 32]
   assert rows['job']['loop_share_median'] == 0.9 and rows['job']['runs'][0]['in_memory_share'] == 0.95
+  assert rows['job']['runs'][0]['with_reading_share'] == 0.9
   table = loop.table(rows).splitlines()
   assert table[-4].startswith('| default, 2 x 4 replicas, shadow_ma | 256 | 8 |') and ', none |' in table[-3]
+
+
+def test_reading_a_processs_blocks_is_timed_on_its_own_replicas_slice():
+  """(d): the blocks of some replicas read as the loop reads them; a rate over about as many steps as asked."""
+  config = default.get_config('tiny')
+  config.num_replicas, config.data.num_train_examples = 8, 65_536
+  rate = loop.time_block_reading(config, steps_per_dispatch=4, timed_steps=16, replicas_read=range(4, 8))
+  assert rate > 0
