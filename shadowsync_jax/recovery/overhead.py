@@ -10,13 +10,18 @@ them, and training again what a rewind lost; a restart's own cost (a process com
 recovery and is kept apart. From the job's history (`parallel.history`), pure:
 - saves: every save's blocking time (`save` records: checkpoints, CPR's priority saves, the calibration's save and
   restore), summed per process; the job pays its slowest process's (they save side by side);
-- what runs beside the steps on a process's core, which the steps wait for where training fills that core (each
-  process pinned to one, as the studies run a job): per start, the CPU of the threads that write checkpoints
-  (`WRITE_THREADS`: the differential writer, orbax's and tensorstore's), of priority saves (`PRIORITY_THREADS`:
-  the lookup counter and the rows' writer) and of live copies (the `live-state` thread, and the takes' own time
-  on the devices, which the process writes down: `live_s`), from the launcher's `generation` records
-  (`cpu_while_training`: read from outside, so a process killed counts to its last half second); the slowest
-  process's, per start;
+- the steps slowed down once at pace: per start and process, from its `paced` record to the end of its training (its
+  `ended` record's `trained_at`, or the launcher's time of the start's failure at the step the process had reached:
+  `positions`), that time less its saves' blocking less those steps at `step_s`; the slowest process's a start.
+  The cause it is charged to is what ran beside the steps on the processes' cores (each pinned to one, as the
+  studies run a job): the CPU of the threads that write checkpoints (`WRITE_THREADS`: the differential writer,
+  orbax's and tensorstore's), of priority saves (`PRIORITY_THREADS`: the lookup counter and the rows' writer) and
+  of live copies (the `live-state` thread, and the takes' own time on the devices, which the process writes down:
+  `live_s`), from the launcher's `generation` records (`cpu_while_training`: read from outside, so a process killed
+  counts to its last half second), the slowest process's a group. Each group is charged its share of the slowdown,
+  at most its CPU (background work that ran while the cores would have idled, the steps waiting for a peer in a
+  collective, slowed nothing); what slowed the steps beyond all of it is `slower_s`, slowed steps with no recovery
+  work beside them to blame (it may be negative: steps faster than the reference's);
 - per failure (the launcher's `failure` record, or else the first `peer_lost` of that start): the restore, the
   slowest process's of the next start (`start` records); the work trained again, the most steps a process of
   the next start was rewound (`retrained_steps`) at `step_s`; and the restart: from the death to the last
@@ -49,19 +54,29 @@ WRITE_THREADS = tuple(
 )
 PRIORITY_THREADS = tuple(cpu_time.os_name(name) for name in ('lookup-counter', 'priority-rows-writer'))
 LIVE_THREADS = (cpu_time.os_name('live-state'),)
-PARTS = ('save_s', 'write_s', 'priority_s', 'live_s', 'restore_s', 'retrained_s', 'restart_s', 'warmup_s', 'standby_s')
+BESIDE = ('write_s', 'priority_s', 'live_s')  # The parts charged with the steps' slowdown, by what ran beside them.
+PARTS = (
+  'save_s',
+  *BESIDE,
+  'slower_s',
+  'restore_s',
+  'retrained_s',
+  'restart_s',
+  'warmup_s',
+  'standby_s',
+)
 
 
 def split(records: Sequence[dict[str, Any]], step_s: float) -> dict[str, float]:
-  """Seconds by kind (module docstring): each of `PARTS`, checkpoint_s (saves, their background work, restores and
-  work again) and restart_s (restarts and standbys)."""
+  """Seconds by kind (module docstring): each of `PARTS`, checkpoint_s (saves, the steps they slowed, restores and
+  work again), restart_s (restarts and standbys) and slower_s (steps slowed by nothing recovery ran)."""
   saves: dict[int, float] = {}
   for record in records:
     if record.get('event') == 'save':
       saves[record['process']] = saves.get(record['process'], 0.0) + record['blocking_s']
   totals = dict.fromkeys(PARTS, 0.0)
   totals['save_s'] = max(saves.values(), default=0.0)
-  _beside_the_steps(records, totals)
+  _beside_the_steps(records, totals, step_s)
   totals['warmup_s'] = _warmups(records, step_s)
   deaths = _deaths(records)
   for generation, died_at in deaths.items():
@@ -75,7 +90,7 @@ def split(records: Sequence[dict[str, Any]], step_s: float) -> dict[str, float]:
     back = max(ready) if ready else deaths.get(nxt, max((s['time'] for s in starts), default=None))
     if back is not None:
       totals['restart_s'] += max(0.0, back - died_at - restore)
-  checkpoint = ('save_s', 'write_s', 'priority_s', 'live_s', 'restore_s', 'retrained_s')
+  checkpoint = ('save_s', *BESIDE, 'restore_s', 'retrained_s')
   return {
     **totals,
     'checkpoint_s': sum(totals[part] for part in checkpoint),
@@ -84,24 +99,81 @@ def split(records: Sequence[dict[str, Any]], step_s: float) -> dict[str, float]:
   }
 
 
-def _beside_the_steps(records: Sequence[dict[str, Any]], totals: dict[str, float]) -> None:
-  """Adds to `totals` what ran beside the steps, start by start (module docstring)."""
+def _beside_the_steps(records: Sequence[dict[str, Any]], totals: dict[str, float], step_s: float) -> None:
+  """Adds to `totals` the steps' slowdown start by start, charged to what ran beside them (module docstring)."""
   live: dict[tuple[int, int], float] = {}  # (generation, process): the takes' seconds it wrote down last.
   for record in records:
     if 'live_s' in record and 'generation' in record and 'process' in record:
       key = (record['generation'], record['process'])
       live[key] = max(live.get(key, 0.0), record['live_s'])
+  slowdowns = slowed_steps(records, step_s)
   for record in records:
     if record.get('event') != 'generation' or record.get('writer') != 'launcher':
       continue
     cpu = record.get('cpu_while_training') or []
     spent = lambda names, cpu=cpu: max((sum(c.get(n, 0.0) for n in names) for c in cpu), default=0.0)
-    totals['write_s'] += spent(WRITE_THREADS)
-    totals['priority_s'] += spent(PRIORITY_THREADS)
     generation = record['generation']
     takes = [live.get((generation, p), 0.0) + sum(c.get(n, 0.0) for n in LIVE_THREADS) for p, c in enumerate(cpu)]
-    totals['live_s'] += max(takes, default=0.0)
+    beside = {'write_s': spent(WRITE_THREADS), 'priority_s': spent(PRIORITY_THREADS), 'live_s': max(takes, default=0.0)}
+    charged = charge(slowdowns.get(generation, 0.0), beside)
+    for part, seconds in charged.items():
+      totals[part] += seconds
     totals['standby_s'] += _standby_s(record)
+
+
+def charge(slowdown_s: float, beside: dict[str, float]) -> dict[str, float]:
+  """The steps' slowdown of a start split over what ran beside them (`beside`: CPU seconds by part): each part its
+  share, at most its CPU; the rest `slower_s` (negative where the steps ran faster than the reference's)."""
+  busy = sum(beside.values())
+  scale = min(1.0, max(0.0, slowdown_s) / busy) if busy > 0 else 0.0
+  charged = {part: seconds * scale for part, seconds in beside.items()}
+  return {**charged, 'slower_s': slowdown_s - sum(charged.values())}
+
+
+def slowed_steps(records: Sequence[dict[str, Any]], step_s: float) -> dict[int, float]:
+  """Per start: the seconds its steps took beyond `step_s` once at pace, the slowest process's (module docstring)."""
+  failed = {r['generation']: r['failed_at'] for r in records if r.get('event') == 'failure'}
+  reached = {r['generation']: r['steps'] for r in records if r.get('event') == 'positions'}
+  per_start: dict[int, float] = {}
+  for paced in records:
+    if paced.get('event') != 'paced':
+      continue
+    generation, process = paced['generation'], paced.get('process')
+    end = _training_end(records, generation, process, failed, reached)
+    if end is None:
+      continue
+    end_time, end_step = end
+    blocked = sum(
+      r['blocking_s']
+      for r in records
+      if r.get('event') == 'save'
+      and r.get('generation') == generation
+      and r.get('process') == process
+      and paced['time'] < r['time'] <= end_time
+    )
+    # Steps after the paced boundary: from there the block in flight (`trained` to `step`) was half done, give or take.
+    start_step = (paced['step'] + paced.get('trained', paced['step'])) / 2
+    extra = end_time - paced['time'] - blocked - (end_step - start_step) * step_s
+    per_start[generation] = max(per_start.get(generation, extra), extra)
+  return per_start
+
+
+def _training_end(records, generation, process, failed, reached) -> tuple[float, int] | None:
+  """(time, step) where a process's training in a start ended: its last step before the final save, or where it
+  was when the start failed (None if neither is known)."""
+  if generation in failed:
+    steps = reached.get(generation) or []
+    step = steps[process] if process is not None and process < len(steps) else None
+    return None if step is None else (failed[generation], step)
+  for record in records:
+    if (
+      record.get('event') == 'ended'
+      and record.get('generation') == generation
+      and record.get('process') == process
+      and 'trained_at' in record
+    ):
+      return record['trained_at'], record['step']
+  return None
 
 
 def _warmups(records: Sequence[dict[str, Any]], step_s: float) -> float:

@@ -117,6 +117,7 @@ class RealFailures(hooks.Hook):
     self._saved: list[int] = []  # Steps of this generation's saves, in order.
     self._unconfirmed: int | None = None  # A checkpoint being written (`_save`).
     self._step_s: float | None = None  # This start's mean step time without its saves (`finish`).
+    self._trained_at: float | None = None  # When the last block was done (`end`).
     self._restored: dict[str, Any] = {}
 
   @property
@@ -211,7 +212,7 @@ class RealFailures(hooks.Hook):
       control.ready()
       history.append(job.workdir, job.writer, {'event': 'ready', 'generation': job.generation, 'step': step})
     if (hooks_s := self._account.paced_now(step, self._warmup_steps)) is not None:
-      record = {'event': 'paced', 'generation': job.generation, 'process': job.index, 'step': step}
+      record = {'event': 'paced', 'generation': job.generation, 'process': job.index, 'step': step, 'trained': trained}
       # Its saves' and live copies' time since it was ready: their own parts (`overhead`), not the warm-up's.
       history.append(job.workdir, job.writer, {**record, 'hooks_s': hooks_s})
     distributed.report(trained, 'train', checkpoint=self._saved[-2] if len(self._saved) > 1 else None)
@@ -239,6 +240,11 @@ class RealFailures(hooks.Hook):
     control.reached(trained, stop_waiting=lambda: distributed.peer_lost() is not None)
     self._loss.stop_if_lost(step, state_L, settled)  # Lost while it waited for its kill: a survivor after all.
 
+  def end(self, b: hooks.Boundary) -> None:
+    """After the last block: the time its steps were done (before the job's processes wait for each other)."""
+    jax.block_until_ready(b.state.step)
+    self._trained_at = time.time()
+
   def on_error(self, error: BaseException, step: int, state_L: Any, driver: Any) -> None:
     """An exception in the loop: if it is a collective that lost its partner, save what survives and exit (never
     returns then); otherwise returns, and the error goes on."""
@@ -256,6 +262,8 @@ class RealFailures(hooks.Hook):
     self._checkpointer.save(step, training_state.training_tree(state_L, job.local(sync_state_R)))
     self.close()
     record = {'event': 'ended', 'generation': job.generation, 'process': job.index, 'step': step}
+    if self._trained_at is not None:  # Where this start's steps ended (`overhead`: what the steps took).
+      record['trained_at'] = self._trained_at
     history.append(job.workdir, job.writer, {**record, **self._account.records()})
 
   def close(self) -> None:

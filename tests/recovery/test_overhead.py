@@ -53,12 +53,18 @@ def _generation(number, cpu, standby_cpu_s=(0.0, 0.0), time=0.0):
   }
 
 
-def test_what_runs_beside_the_steps_is_counted_by_thread_start_by_start():
+def test_what_runs_beside_the_steps_is_charged_the_steps_slowdown_by_thread_start_by_start():
+  """Start 0 (it failed at 10.0): process 0 paced at step 10 (time 1.0), reached step 708 by the failure, and blocked
+  0.2 s on saves: 8.8 s of training for 698 steps of 0.01 s, 1.82 s slow. Its background work took 5.75 s of CPU
+  (slowest process, each group): each group charged its share of the 1.82 s. Start 1 (it ended): 0.5 s of live copies
+  beside steps 2.0 s slow: the live copies' 0.5 s, and 1.5 s of slower steps with nothing of recovery's to blame."""
   writer, counter, live = overhead.WRITE_THREADS[0], overhead.PRIORITY_THREADS[0], overhead.LIVE_THREADS[0]
   records = [
-    {**_save(0, 0.1), 'live_s': 0.5},
-    {**_save(0, 0.1), 'live_s': 1.5},  # Cumulative in a start: its last word counts.
-    {**_save(1, 0.1), 'live_s': 1.0},
+    {'event': 'paced', 'generation': 0, 'process': 0, 'step': 10, 'trained': 10, 'time': 1.0},
+    {'event': 'paced', 'generation': 0, 'process': 1, 'step': 10, 'trained': 10, 'time': 1.0},
+    {**_save(0, 0.1), 'live_s': 0.5, 'time': 2.0},
+    {**_save(0, 0.1), 'live_s': 1.5, 'time': 3.0},  # Cumulative in a start: its last word counts.
+    {**_save(1, 0.1), 'live_s': 1.0, 'time': 3.0},
     _generation(
       0,
       [
@@ -67,19 +73,38 @@ def test_what_runs_beside_the_steps_is_counted_by_thread_start_by_start():
       ],
       standby_cpu_s=(1.7, 1.9),  # Start 1's standbys, beside start 0.
     ),
+    {'event': 'positions', 'generation': 0, 'steps': [708, 800], 'time': 10.0},
     {'event': 'failure', 'generation': 0, 'failed_at': 10.0, 'time': 10.0},
-    {'event': 'ready', 'generation': 1, 'process': 0, 'time': 12.0},
-    {'event': 'peer_lost', 'generation': 1, 'process': 1, 'time': 20.0, 'live_s': 0.25},
-    _generation(1, [{}, {}]),  # Start 1 trained nothing aside, and had no standby beside it.
+    {'event': 'ready', 'generation': 1, 'writer': 'process_0', 'step': 501, 'time': 12.0},
+    # A block of 20 steps was in flight at the paced boundary: half of it counts as trained after.
+    paced_1 := {'event': 'paced', 'generation': 1, 'process': 0, 'step': 520, 'trained': 500, 'time': 13.0},
+    {**paced_1, 'writer': 'process_0'},
+    {**_save(0, 0.0, generation=1), 'live_s': 0.5, 'time': 14.0},
+    {'event': 'ended', 'generation': 1, 'process': 0, 'step': 810, 'trained_at': 18.0, 'time': 19.0},
+    _generation(1, [{}, {}]),
   ]
+  slowdown = 10.0 - 1.0 - 0.2 - 698 * 0.01
+  # Process 0's writers and tensorstore's; its live takes (1.5 written down) and its live thread's CPU.
+  beside = {'write_s': 3.0, 'priority_s': 1.0, 'live_s': 1.5 + 0.25}
+  share = slowdown / sum(beside.values())
   split = overhead.split(records, step_s=0.01)
-  assert split['write_s'] == pytest.approx(3.0)  # Process 0's writers and tensorstore's, the slower process.
-  assert split['priority_s'] == pytest.approx(1.0)
-  assert split['live_s'] == pytest.approx(1.75 + 0.25)  # Start 0: process 0's 1.5 + 0.25; start 1: 0.25.
+  assert overhead.slowed_steps(records, step_s=0.01) == pytest.approx({0: slowdown, 1: 2.0})
+  assert split['write_s'] == pytest.approx(3.0 * share)
+  assert split['priority_s'] == pytest.approx(1.0 * share)
+  assert split['live_s'] == pytest.approx(1.75 * share + 0.5)
+  assert split['slower_s'] == pytest.approx(1.5)
   assert split['standby_s'] == pytest.approx(1.9)
   assert split['restarts_only_s'] == pytest.approx(2.0)
-  assert split['restart_s'] == pytest.approx(2.0 + 1.9)
-  assert split['checkpoint_s'] == pytest.approx(0.2 + 3.0 + 1.0 + 2.0)
+  assert split['restart_s'] == pytest.approx(2.0 + 1.9 + (1.0 - 19 * 0.01))  # Start 1's warm-up: ready to paced.
+  assert split['checkpoint_s'] == pytest.approx(0.2 + slowdown + 0.5)
+
+
+def test_a_slowdown_is_charged_to_what_ran_beside_the_steps_at_most_its_cpu():
+  assert overhead.charge(1.0, {'write_s': 3.0, 'live_s': 1.0}) == {'write_s': 0.75, 'live_s': 0.25, 'slower_s': 0.0}
+  assert overhead.charge(5.0, {'write_s': 3.0, 'live_s': 1.0}) == {'write_s': 3.0, 'live_s': 1.0, 'slower_s': 1.0}
+  # Steps faster than the reference's: nothing charged, the difference stands as it is.
+  assert overhead.charge(-0.5, {'write_s': 3.0}) == {'write_s': 0.0, 'slower_s': -0.5}
+  assert overhead.charge(0.5, {}) == {'slower_s': 0.5}
 
 
 def test_a_restart_lasts_until_its_start_is_back_at_pace():
