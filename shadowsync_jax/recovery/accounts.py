@@ -15,6 +15,7 @@ job's cost is split from its history afterwards (`overhead`); what a start adds 
 after its first, compiling step), the time its saves blocked the loop and its live copies' takes (`StartAccount`).
 """
 
+import contextlib
 import dataclasses
 import time
 from typing import Any
@@ -91,6 +92,8 @@ class StartAccount:
     self.blocked_s = 0.0  # This start's time blocked on saves (`blocked`).
     self._hooks_at_ready = 0.0
     self.paced = False
+    self.boundary_s = 0.0  # CPU of the training thread in recovery's boundary work besides its saves and live takes.
+    self._elsewhere_s = 0.0
 
   def ready(self, step: int) -> None:
     """The first step compiled and ran: the clock starts after it."""
@@ -104,6 +107,25 @@ class StartAccount:
       return None
     self.paced = True
     return self.hooks_s() - self._hooks_at_ready
+
+  @contextlib.contextmanager
+  def boundary(self):
+    """Around recovery's work at a boundary: its training-thread CPU, less what `elsewhere` counted, to
+    `boundary_s`."""
+    started, self._elsewhere_s = time.thread_time(), 0.0
+    try:
+      yield
+    finally:
+      self.boundary_s += max(0.0, time.thread_time() - started - self._elsewhere_s)
+
+  @contextlib.contextmanager
+  def elsewhere(self):
+    """Around work inside `boundary` that another part counts (a save's blocking, a live take)."""
+    started = time.thread_time()
+    try:
+      yield
+    finally:
+      self._elsewhere_s += time.thread_time() - started
 
   def blocked(self, seconds: float) -> None:
     self.blocked_s += seconds
@@ -120,5 +142,6 @@ class StartAccount:
 
   def records(self) -> dict[str, float]:
     """What this start spent so far on the training core outside the steps and the saves' blocking that only it
-    can tell (`overhead`: the launcher reads the threads' CPU): its live copies' takes."""
-    return {'live_s': self._live.spent_s} if self._live is not None else {}
+    can tell (`overhead`: the launcher reads the threads' CPU): its boundary work's CPU, its live copies' takes."""
+    records = {'boundary_s': self.boundary_s}
+    return records | ({'live_s': self._live.spent_s} if self._live is not None else {})

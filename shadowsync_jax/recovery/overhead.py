@@ -13,8 +13,10 @@ recovery and is kept apart. From the job's history (`parallel.history`), pure:
 - the steps slowed down once at pace: per start and process, from its `paced` record to the end of its training (its
   `ended` record's `trained_at`, or the launcher's time of the start's failure at the step the process had reached:
   `positions`), that time less its saves' blocking less those steps at `step_s`; the slowest process's a start.
-  The cause it is charged to is what ran beside the steps on the processes' cores (each pinned to one, as the
-  studies run a job): the CPU of the threads that write checkpoints (`WRITE_THREADS`: the differential writer,
+  The cause it is charged to is what took the processes' cores beside the steps (each pinned to one, as the
+  studies run a job): recovery's own work at the boundaries on the training thread, its saves and live takes left
+  out (`boundary_s`, which the process writes down: history, reports, deleting old checkpoints), the CPU of the
+  threads that write checkpoints (`WRITE_THREADS`: the differential writer,
   orbax's and tensorstore's), of priority saves (`PRIORITY_THREADS`: the lookup counter and the rows' writer) and
   of live copies (the `live-state` thread, and the takes' own time on the devices, which the process writes down:
   `live_s`), from the launcher's `generation` records (`cpu_while_training`: read from outside, so a process killed
@@ -54,7 +56,8 @@ WRITE_THREADS = tuple(
 )
 PRIORITY_THREADS = tuple(cpu_time.os_name(name) for name in ('lookup-counter', 'priority-rows-writer'))
 LIVE_THREADS = (cpu_time.os_name('live-state'),)
-BESIDE = ('write_s', 'priority_s', 'live_s')  # The parts charged with the steps' slowdown, by what ran beside them.
+# The parts charged with the steps' slowdown, by what took the training cores beside them.
+BESIDE = ('boundary_s', 'write_s', 'priority_s', 'live_s')
 PARTS = (
   'save_s',
   *BESIDE,
@@ -101,11 +104,13 @@ def split(records: Sequence[dict[str, Any]], step_s: float) -> dict[str, float]:
 
 def _beside_the_steps(records: Sequence[dict[str, Any]], totals: dict[str, float], step_s: float) -> None:
   """Adds to `totals` the steps' slowdown start by start, charged to what ran beside them (module docstring)."""
-  live: dict[tuple[int, int], float] = {}  # (generation, process): the takes' seconds it wrote down last.
+  written = {'live_s': {}, 'boundary_s': {}}  # By (generation, process): the seconds it wrote down last.
   for record in records:
-    if 'live_s' in record and 'generation' in record and 'process' in record:
-      key = (record['generation'], record['process'])
-      live[key] = max(live.get(key, 0.0), record['live_s'])
+    for name, seconds in written.items():
+      if name in record and 'generation' in record and 'process' in record:
+        key = (record['generation'], record['process'])
+        seconds[key] = max(seconds.get(key, 0.0), record[name])
+  live, boundary = written['live_s'], written['boundary_s']
   slowdowns = slowed_steps(records, step_s)
   for record in records:
     if record.get('event') != 'generation' or record.get('writer') != 'launcher':
@@ -114,7 +119,12 @@ def _beside_the_steps(records: Sequence[dict[str, Any]], totals: dict[str, float
     spent = lambda names, cpu=cpu: max((sum(c.get(n, 0.0) for n in names) for c in cpu), default=0.0)
     generation = record['generation']
     takes = [live.get((generation, p), 0.0) + sum(c.get(n, 0.0) for n in LIVE_THREADS) for p, c in enumerate(cpu)]
-    beside = {'write_s': spent(WRITE_THREADS), 'priority_s': spent(PRIORITY_THREADS), 'live_s': max(takes, default=0.0)}
+    beside = {
+      'boundary_s': max((boundary.get((generation, p), 0.0) for p in range(len(cpu))), default=0.0),
+      'write_s': spent(WRITE_THREADS),
+      'priority_s': spent(PRIORITY_THREADS),
+      'live_s': max(takes, default=0.0),
+    }
     charged = charge(slowdowns.get(generation, 0.0), beside)
     for part, seconds in charged.items():
       totals[part] += seconds

@@ -199,7 +199,11 @@ class RealFailures(hooks.Hook):
     """After a block of `b.steps` data steps that ends at `b.step` (`b.block`: its batches [L, K, B, ...];
     `b.trained`: the last step known trained, `b.step` if the loop waited for the block): a lost peer ends the
     process here (after saving the live state); otherwise the checkpoint and priority save due, and a kill the
-    launcher was asked for."""
+    launcher was asked for. Its CPU besides saves and live takes is accounted (`accounts.StartAccount.boundary`)."""
+    with self._account.boundary():
+      self._at_boundary(b)
+
+  def _at_boundary(self, b: hooks.Boundary) -> None:
     step, state_L, settled, trained = b.step, b.state, lambda: self._settled(b.state, b.driver), b.trained
     job, control = self._job, self._job.control
     self._loss.stop_if_lost(step, state_L, settled)
@@ -219,16 +223,19 @@ class RealFailures(hooks.Hook):
     if self._priority is not None:
       self._priority.count(b.block.sparse[:, : b.steps])
     if self._live is not None:
-      self._live.at_boundary(step, lambda: training_state.training_tree(*settled()))
+      with self._account.elsewhere():  # Its takes: `live_s`.
+        self._live.at_boundary(step, lambda: training_state.training_tree(*settled()))
     if self._schedule.calibration_due(step, self._account.timing[1]):
       if self.requested_mode == 'none':  # Only the pace is needed: seconds between checkpoints as common steps.
         self._schedule.seconds_to_steps(self._account.mean_step_s(step))
       else:
-        self._calibrate(step, state_L, settled)
+        with self._account.elsewhere():  # Its blocking: `save_s`.
+          self._calibrate(step, state_L, settled)
     elif self._schedule.due(step) or self._schedule.due_by_time(self._account.timing[0]):
       self._save(step, *settled())
     elif self._priority is not None and step % self._priority.interval() == 0:
-      self._priority.at_boundary(step, state_L)
+      with self._account.elsewhere():
+        self._priority.at_boundary(step, state_L)
     if self._unconfirmed is not None and not self._checkpointer.saving():
       record = {'event': 'saved', 'generation': job.generation, 'process': job.index}
       history.append(job.workdir, job.writer, {**record, 'step': self._unconfirmed, 'complete': self._unconfirmed})
@@ -347,7 +354,7 @@ class RealFailures(hooks.Hook):
     jax.block_until_ready((state_L, sync_state_L))
     started = time.perf_counter()
     self._schedule.last_save_s = started
-    with compilation_cache.compiling() as compiled:
+    with self._account.elsewhere(), compilation_cache.compiling() as compiled:  # Its blocking: `save_s`.
       self._checkpointer.save(step, training_state.training_tree(state_L, sync_state_L))
     fault_injection.kill_in_save(step, 'written', first=self._checkpointer.wait)  # (Tests.)
     written = {

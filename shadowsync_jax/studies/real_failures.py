@@ -14,13 +14,13 @@ time the failure-free time, its eval NE the quality to keep. `recovery.mtbf_step
 checkpoints for, is the kill schedule's mean in the reference's steps.
 
 The study splits each run's overhead as CPR does (`recovery.overhead`, from the job's whole history once it ended,
-at the reference's step time): checkpoint-related (blocking saves; the steps' slowdown at pace, charged to their
-background writes, priority saves' threads and live copies by the CPU each took on the processes' cores, at most
-that; restores; work trained again) and restarts (from each death to every process training again, restores left
-out; the warm-ups back to pace; the warm standbys' CPU); steps slowed beyond all that stand apart (`slower_s`). It
-gives each as a share of the reference's own steps time (`checkpoint_overhead_pct`, `restart_overhead_pct`): one
-denominator for every mode and seed; the wall-clock overhead against the reference is beside them, and what of it
-no part explains (`unexplained_s`).
+at the reference's step time): checkpoint-related (blocking saves; the steps' slowdown at pace, charged to
+recovery's boundary work on the training thread, background writes, priority saves' threads and live copies by the
+CPU each took on the processes' cores, at most that; restores; work trained again) and restarts (from each death to
+every process training again, restores left out; the warm-ups back to pace; the warm standbys' CPU); steps slowed
+beyond all that stand apart (`slower_s`). It gives each as a share of the reference's own steps time
+(`checkpoint_overhead_pct`, `restart_overhead_pct`): one denominator for every mode and seed; the wall-clock
+overhead against the reference is beside them, and what of it no part explains (`unexplained_s`).
 
 A run that ended leaves its summary, history and metrics; its saved state (checkpoints, live states, priority
 rows: `SAVED_STATE`) is deleted, since at Kaggle size a run leaves 9-16 GB of it and three seeds of three modes
@@ -295,10 +295,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
   lines += [
     '',
-    '| run | failures | restarts | wall s | wall overhead | saves s | writes s | priority s | live copies s | '
-    'other slower steps s | restores s | work again s | restarts s | warm-ups s | standbys s | unexplained s | '
-    'checkpoint-related | vs full | restarts | PLS | eval NE | NE vs no failures | chose |',
-    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+    '| run | failures | restarts | wall s | wall overhead | saves s | boundary work s | writes s | priority s | '
+    'live copies s | other slower steps s | restores s | work again s | restarts s | warm-ups s | standbys s | '
+    'unexplained s | checkpoint-related | vs full | restarts | PLS | eval NE | NE vs no failures | chose |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for r in rows:
     recovery = r.get('recovery') or {}
@@ -310,7 +310,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     of_full = f'{of_full:.2f}' if of_full is not None else ''
     lines.append(
       f'| {r["label"]} | {r["num_failures"]} | {recovery.get("num_restarts", 0)} | {r["job_wall_s"]:.1f} | '
-      f'{r["overhead_pct"]:.1f}% | {seconds("save_s")} | {seconds("write_s")} | {seconds("priority_s")} | '
+      f'{r["overhead_pct"]:.1f}% | {seconds("save_s")} | {seconds("boundary_s")} | {seconds("write_s")} | '
+      f'{seconds("priority_s")} | '
       f'{seconds("live_s")} | {seconds("slower_s")} | {seconds("restore_s")} | {seconds("retrained_s")} | '
       f'{seconds("restarts_only_s" if "restarts_only_s" in split else "restart_s")} | {seconds("warmup_s")} | '
       f'{seconds("standby_s")} | '

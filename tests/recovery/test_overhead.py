@@ -1,7 +1,10 @@
 """CPR's overhead split of real failures, from a job's history records."""
 
+import time
+
 import pytest
 
+from shadowsync_jax.recovery import accounts
 from shadowsync_jax.recovery import overhead
 
 
@@ -55,15 +58,16 @@ def _generation(number, cpu, standby_cpu_s=(0.0, 0.0), time=0.0):
 
 def test_what_runs_beside_the_steps_is_charged_the_steps_slowdown_by_thread_start_by_start():
   """Start 0 (it failed at 10.0): process 0 paced at step 10 (time 1.0), reached step 708 by the failure, and blocked
-  0.2 s on saves: 8.8 s of training for 698 steps of 0.01 s, 1.82 s slow. Its background work took 5.75 s of CPU
-  (slowest process, each group): each group charged its share of the 1.82 s. Start 1 (it ended): 0.5 s of live copies
-  beside steps 2.0 s slow: the live copies' 0.5 s, and 1.5 s of slower steps with nothing of recovery's to blame."""
+  0.2 s on saves: 8.8 s of training for 698 steps of 0.01 s, 1.82 s slow. Its background work took 5.75 s of CPU and
+  its boundary work 0.25 s (slowest process, each group): each group charged its share of the 1.82 s. Start 1 (it
+  ended): 0.5 s of live copies beside steps 2.0 s slow: the live copies' 0.5 s, and 1.5 s of slower steps with
+  nothing of recovery's to blame."""
   writer, counter, live = overhead.WRITE_THREADS[0], overhead.PRIORITY_THREADS[0], overhead.LIVE_THREADS[0]
   records = [
     {'event': 'paced', 'generation': 0, 'process': 0, 'step': 10, 'trained': 10, 'time': 1.0},
     {'event': 'paced', 'generation': 0, 'process': 1, 'step': 10, 'trained': 10, 'time': 1.0},
     {**_save(0, 0.1), 'live_s': 0.5, 'time': 2.0},
-    {**_save(0, 0.1), 'live_s': 1.5, 'time': 3.0},  # Cumulative in a start: its last word counts.
+    {**_save(0, 0.1), 'live_s': 1.5, 'boundary_s': 0.25, 'time': 3.0},  # Cumulative in a start: its last word.
     {**_save(1, 0.1), 'live_s': 1.0, 'time': 3.0},
     _generation(
       0,
@@ -85,10 +89,11 @@ def test_what_runs_beside_the_steps_is_charged_the_steps_slowdown_by_thread_star
   ]
   slowdown = 10.0 - 1.0 - 0.2 - 698 * 0.01
   # Process 0's writers and tensorstore's; its live takes (1.5 written down) and its live thread's CPU.
-  beside = {'write_s': 3.0, 'priority_s': 1.0, 'live_s': 1.5 + 0.25}
+  beside = {'boundary_s': 0.25, 'write_s': 3.0, 'priority_s': 1.0, 'live_s': 1.5 + 0.25}
   share = slowdown / sum(beside.values())
   split = overhead.split(records, step_s=0.01)
   assert overhead.slowed_steps(records, step_s=0.01) == pytest.approx({0: slowdown, 1: 2.0})
+  assert split['boundary_s'] == pytest.approx(0.25 * share)
   assert split['write_s'] == pytest.approx(3.0 * share)
   assert split['priority_s'] == pytest.approx(1.0 * share)
   assert split['live_s'] == pytest.approx(1.75 * share + 0.5)
@@ -142,3 +147,20 @@ def test_a_standby_that_waited_at_the_lowest_priority_took_idle_time_only():
   assert overhead.split([idle], step_s=0.01)['standby_s'] == 0.0
   busy = {**idle, 'standby_waited_idle': False}
   assert overhead.split([busy], step_s=0.01)['standby_s'] == pytest.approx(1.6)
+
+
+def test_a_starts_boundary_work_is_its_cpu_less_what_other_parts_count():
+  account = accounts.StartAccount()
+
+  def spin(seconds):
+    started = time.thread_time()
+    while time.thread_time() - started < seconds:
+      pass
+
+  with account.boundary():
+    spin(0.02)
+    with account.elsewhere():  # A save's blocking: counted as the save's.
+      spin(0.05)
+  time.sleep(0.05)  # Waiting is no work.
+  assert 0.02 <= account.boundary_s < 0.05
+  assert account.records() == {'boundary_s': account.boundary_s}
