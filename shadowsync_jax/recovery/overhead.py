@@ -186,6 +186,26 @@ def _training_end(records, generation, process, failed, reached) -> tuple[float,
   return None
 
 
+def edges(records: Sequence[dict[str, Any]]) -> dict[str, float] | None:
+  """A job's time outside its starts' steps at either end (None where its history lacks either): `startup_s`, from
+  the launcher starting the first start to its last process at pace (`paced`: imports, restore, compiles, 'auto''s
+  probe), its saves' blocking meanwhile left out (the slowest process's: their own part); `end_s`, from the last
+  start's steps' end (its processes' `trained_at`, the latest) to the launcher seeing that start end (the final
+  save, the evaluation, the summary, the exit). A study sets them against its reference's."""
+  launched = {r['generation']: r for r in records if r.get('event') == 'generation' and r.get('writer') == 'launcher'}
+  paced = [r for r in records if r.get('event') == 'paced' and r.get('generation') == 0]
+  ended = [r['trained_at'] for r in records if r.get('event') == 'ended' and 'trained_at' in r]
+  if 0 not in launched or not paced or not ended:
+    return None
+  paced_at = max(r['time'] for r in paced)
+  blocked: dict[Any, float] = {}
+  for r in records:
+    if r.get('event') == 'save' and r.get('generation') == 0 and r['time'] <= paced_at:
+      blocked[r.get('process')] = blocked.get(r.get('process'), 0.0) + r['blocking_s']
+  startup = paced_at - launched[0]['started'] - max(blocked.values(), default=0.0)
+  return {'startup_s': startup, 'end_s': launched[max(launched)]['ended'] - max(ended)}
+
+
 def _warmups(records: Sequence[dict[str, Any]], step_s: float) -> float:
   """Seconds the starts after the first took to be back at their pace, beyond their steps at `step_s`: from a
   process's `ready` to its `paced` record (its compiling block and 'auto''s probe: blocks waited for and timed, and

@@ -18,9 +18,11 @@ at the reference's step time): checkpoint-related (blocking saves; the steps' sl
 recovery's boundary work on the training thread, background writes, priority saves' threads and live copies by the
 CPU each took on the processes' cores, at most that; restores; work trained again) and restarts (from each death to
 every process training again, restores left out; the warm-ups back to pace; the warm standbys' CPU); steps slowed
-beyond all that stand apart (`slower_s`). It gives each as a share of the reference's own steps time
-(`checkpoint_overhead_pct`, `restart_overhead_pct`): one denominator for every mode and seed; the wall-clock
-overhead against the reference is beside them, and what of it no part explains (`unexplained_s`).
+beyond all that stand apart (`slower_s`), as do the first start's start-up and the last one's end beyond the
+reference's (`edges_s`: `overhead.edges`, noise where nothing differs). It gives each as a share of the
+reference's own steps time (`checkpoint_overhead_pct`, `restart_overhead_pct`): one denominator for every mode and
+seed; the wall-clock overhead against the reference is beside them, and what of it no part explains
+(`unexplained_s`).
 
 A run that ended leaves its summary, history and metrics; its saved state (checkpoints, live states, priority
 rows: `SAVED_STATE`) is deleted, since at Kaggle size a run leaves 9-16 GB of it and three seeds of three modes
@@ -178,9 +180,14 @@ def run(
         {**summary, 'label': f'{mode}, seed {seed}', 'mode': mode, 'kill_seed': seed, 'overhead_pct': wall_pct}
       )
   reference_steps_s = steps_time(reference)
+  reference_edges = overhead.edges(history.read(root / 'reference'))
   for row in rows[1:]:  # The job's whole history, its last start's launcher record too (the summary's lacks it).
     workdir = root / f'{row["mode"].replace(":", "_")}_seed{row["kill_seed"]}'
-    row['overhead_s'] = overhead.split(history.read(workdir), reference_steps_s / reference['train_steps'])
+    records = history.read(workdir)
+    row['overhead_s'] = overhead.split(records, reference_steps_s / reference['train_steps'])
+    row_edges = overhead.edges(records)
+    if row_edges is not None and reference_edges is not None:  # Its start-up and end beyond the reference's.
+      row['overhead_s']['edges_s'] = sum(row_edges[k] - reference_edges[k] for k in ('startup_s', 'end_s'))
   for row in rows:
     row['ne_vs_reference_pct'] = 100 * (row['eval_ne'] / reference['eval_ne'] - 1)
     row['mtbf_steps'] = mtbf_steps
@@ -223,12 +230,12 @@ def overhead_split(row: dict[str, Any]) -> dict[str, float]:
 
 def unexplained_s(row: dict[str, Any], reference: dict[str, Any]) -> float | None:
   """Seconds of a run's wall time over the reference's that no counted part explains: the wall overhead less its
-  checkpoint-related and restart parts and its steps slowed by nothing recovery ran (None where the run has no
-  split)."""
+  checkpoint-related and restart parts, its steps slowed by nothing recovery ran, and its start-up and end beyond
+  the reference's (None where the run has no split)."""
   split = overhead_split(row)
   if 'checkpoint_s' not in split or 'restart_s' not in split:
     return None
-  counted = split['checkpoint_s'] + split['restart_s'] + split.get('slower_s', 0.0)
+  counted = split['checkpoint_s'] + split['restart_s'] + split.get('slower_s', 0.0) + split.get('edges_s', 0.0)
   return row['job_wall_s'] - reference['job_wall_s'] - counted
 
 
@@ -297,8 +304,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     '',
     '| run | failures | restarts | wall s | wall overhead | saves s | boundary work s | writes s | priority s | '
     'live copies s | other slower steps s | restores s | work again s | restarts s | warm-ups s | standbys s | '
-    'unexplained s | checkpoint-related | vs full | restarts | PLS | eval NE | NE vs no failures | chose |',
-    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+    'start-up and end s | unexplained s | checkpoint-related | vs full | restarts | PLS | eval NE | '
+    'NE vs no failures | chose |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for r in rows:
     recovery = r.get('recovery') or {}
@@ -314,7 +322,7 @@ def table(rows: list[dict[str, Any]]) -> str:
       f'{seconds("priority_s")} | '
       f'{seconds("live_s")} | {seconds("slower_s")} | {seconds("restore_s")} | {seconds("retrained_s")} | '
       f'{seconds("restarts_only_s" if "restarts_only_s" in split else "restart_s")} | {seconds("warmup_s")} | '
-      f'{seconds("standby_s")} | '
+      f'{seconds("standby_s")} | {seconds("edges_s")} | '
       f'{_seconds(unexplained_s(r, rows[0]) if r is not rows[0] else None)} | '
       f'{pct("checkpoint")} | {of_full} | '
       f'{pct("restart")} | '

@@ -164,3 +164,19 @@ def test_a_starts_boundary_work_is_its_cpu_less_what_other_parts_count():
   time.sleep(0.05)  # Waiting is no work.
   assert 0.02 <= account.boundary_s < 0.05
   assert account.records() == {'boundary_s': account.boundary_s}
+
+
+def test_a_jobs_edges_are_its_first_starts_way_to_its_pace_and_its_last_starts_end():
+  records = [
+    _generation(0, [{}, {}], time=30.0) | {'started': 100.0, 'ended': 130.0},
+    {**_save(0, 0.5, generation=0), 'time': 104.0},  # The calibration's save, before the pace: its own part.
+    {'event': 'paced', 'generation': 0, 'process': 0, 'step': 28, 'time': 106.0},
+    {'event': 'paced', 'generation': 0, 'process': 1, 'step': 28, 'time': 106.5},  # The last at pace.
+    {**_save(1, 0.2, generation=0), 'time': 110.0},  # After the pace: not the start-up's.
+    {'event': 'failure', 'generation': 0, 'failed_at': 129.0, 'time': 130.0},
+    _generation(1, [{}, {}], time=60.0) | {'started': 132.0, 'ended': 160.0},
+    {'event': 'ended', 'generation': 1, 'process': 0, 'step': 900, 'trained_at': 155.0, 'time': 158.0},
+    {'event': 'ended', 'generation': 1, 'process': 1, 'step': 900, 'trained_at': 156.0, 'time': 158.5},
+  ]
+  assert overhead.edges(records) == pytest.approx({'startup_s': 6.5 - 0.5, 'end_s': 160.0 - 156.0})
+  assert overhead.edges(records[:-2]) is None  # The last start never ended.

@@ -51,3 +51,12 @@ def test_whole_checkpoints_are_a_mode_suffix():
     '--config.recovery.mode=full',
     '--config.recovery.incremental=false',
   ]
+
+
+def test_what_no_part_explains_is_the_wall_overhead_less_every_counted_part():
+  reference = {'job_wall_s': 100.0}
+  split = {'checkpoint_s': 6.0, 'restart_s': 3.0, 'slower_s': 0.5, 'edges_s': -1.0}
+  row = {'job_wall_s': 110.0, 'overhead_s': split}
+  assert real_failures.unexplained_s(row, reference) == pytest.approx(10.0 - 6.0 - 3.0 - 0.5 + 1.0)
+  assert real_failures.unexplained_share(row, reference) == pytest.approx(0.15)
+  assert real_failures.unexplained_s({'job_wall_s': 110.0, 'overhead_s': {}}, reference) is None
