@@ -391,12 +391,15 @@ def headline(path: str) -> str:
   shares = []
   for name, row in rows.items():
     low, high = row['loop_share_range']
-    what = f'the {name} config'
+    what, bound = f'the {name} config', ''
     if name.startswith('job'):
       what = f'{JOB_PROCESSES} processes x {JOB_DEVICES} devices with {row["algorithm"]}'
+      reading = [r['with_reading_share'] for r in row['runs'] if 'with_reading_share' in r]
+      if reading:  # (a) with (d): the most it could train with its stream read on the same cores.
+        bound = f'; its stream read on the same cores bounds it at {statistics.median(reading):.2f}'
     shares.append(
       f'{row["loop_share_median"]:.2f} ({low:.2f} to {high:.2f}) for {what} (target {TARGET["share"]:g}: '
-      f'{result_files.verdict(low, high, TARGET["share"])})'
+      f'{result_files.verdict(low, high, TARGET["share"])}{bound})'
     )
   ceilings = {False: [], True: []}  # By whether the source is prepared data (its own target).
   for row in rows.values():
