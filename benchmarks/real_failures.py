@@ -76,10 +76,12 @@ def main(argv):
     f'{size.description}{" (tiny)" if FLAGS.tiny else ""}; kills at exponential times of mean {kill_mtbf_s:g} '
     f's, seeds {", ".join(map(str, seeds))}; MTBF {rows[-1]["mtbf_steps"]:.0f} steps; reference step time '
     f"{step_ms:.1f} ms. Overheads are shares of the reference's steps time (`checkpoint_overhead_pct`: blocking "
-    "saves, the CPU of their background writes, priority saves' threads and live copies on the processes' cores, "
-    'restores, work trained again; `restart_overhead_pct`: each death to every process training again, restores '
-    "left out, the warm-ups back to pace and the warm standbys' CPU); the wall overhead is the run's wall time "
-    "over the reference's, and what of it no part explains is `unexplained s`."
+    "saves, the steps' slowdown at pace charged to recovery's boundary work, background writes, priority saves' "
+    "threads and live copies by the CPU each took on the processes' cores (at most that), restores, work trained "
+    'again; `restart_overhead_pct`: each death to every process training again, restores left out, the warm-ups '
+    "back to pace and the warm standbys' CPU); the wall overhead is the run's wall time over the reference's; "
+    "beside the parts, steps slowed beyond every CPU counted (`other slower steps s`) and the first start's "
+    "start-up and the last one's end against the reference's; what no part explains is `unexplained s`."
   )
   out = FLAGS.out or OUTS[size.name]
   out = report.write(out, TITLES[size.name], report.command_line(), text, rows, note=note, root=root)
