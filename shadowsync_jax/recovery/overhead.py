@@ -12,7 +12,8 @@ recovery and is kept apart. From the job's history (`parallel.history`), pure:
   restore), summed per process; the job pays its slowest process's (they save side by side);
 - the steps slowed down once at pace: per start and process, from its `paced` record to the end of its training (its
   `ended` record's `trained_at`, or the launcher's time of the start's failure at the step the process had reached:
-  `positions`), that time less its saves' blocking less those steps at `step_s`; the slowest process's a start.
+  `positions`, and half the block in flight), that time less its saves' blocking less those steps at `step_s`
+  (half the block in flight at its `paced` boundary counts as trained after it); the slowest process's a start.
   The cause it is charged to is what took the processes' cores beside the steps (each pinned to one, as the
   studies run a job): recovery's own work at the boundaries on the training thread, its saves and live takes left
   out (`boundary_s`, which the process writes down: history, reports, deleting old checkpoints), the CPU of the
@@ -144,12 +145,14 @@ def slowed_steps(records: Sequence[dict[str, Any]], step_s: float) -> dict[int, 
   """Per start: the seconds its steps took beyond `step_s` once at pace, the slowest process's (module docstring)."""
   failed = {r['generation']: r['failed_at'] for r in records if r.get('event') == 'failure'}
   reached = {r['generation']: r['steps'] for r in records if r.get('event') == 'positions'}
+  chosen = [r['steps_per_dispatch'] for r in records if r.get('event') == 'steps_per_dispatch']
+  in_flight = chosen[-1] / 2 if chosen and isinstance(chosen[-1], int) else 0  # A block half done at a death.
   per_start: dict[int, float] = {}
   for paced in records:
     if paced.get('event') != 'paced':
       continue
     generation, process = paced['generation'], paced.get('process')
-    end = _training_end(records, generation, process, failed, reached)
+    end = _training_end(records, generation, process, failed, reached, in_flight)
     if end is None:
       continue
     end_time, end_step = end
@@ -168,13 +171,14 @@ def slowed_steps(records: Sequence[dict[str, Any]], step_s: float) -> dict[int, 
   return per_start
 
 
-def _training_end(records, generation, process, failed, reached) -> tuple[float, int] | None:
+def _training_end(records, generation, process, failed, reached, in_flight) -> tuple[float, float] | None:
   """(time, step) where a process's training in a start ended: its last step before the final save, or where it
-  was when the start failed (None if neither is known)."""
+  was when the start failed (the last step it reported, and half the block in flight, `in_flight` steps; None if
+  neither is known)."""
   if generation in failed:
     steps = reached.get(generation) or []
     step = steps[process] if process is not None and process < len(steps) else None
-    return None if step is None else (failed[generation], step)
+    return None if step is None else (failed[generation], step + in_flight)
   for record in records:
     if (
       record.get('event') == 'ended'

@@ -180,3 +180,14 @@ def test_a_jobs_edges_are_its_first_starts_way_to_its_pace_and_its_last_starts_e
   ]
   assert overhead.edges(records) == pytest.approx({'startup_s': 6.5 - 0.5, 'end_s': 160.0 - 156.0})
   assert overhead.edges(records[:-2]) is None  # The last start never ended.
+
+
+def test_a_start_that_failed_trained_half_the_block_in_flight_beyond_the_step_it_reported():
+  records = [
+    {'event': 'steps_per_dispatch', 'generation': 0, 'steps_per_dispatch': 16, 'time': 0.5},
+    {'event': 'paced', 'generation': 0, 'process': 0, 'step': 28, 'trained': 28, 'time': 1.0},
+    {'event': 'positions', 'generation': 0, 'steps': [500], 'time': 10.0},
+    {'event': 'failure', 'generation': 0, 'failed_at': 10.0, 'time': 10.0},
+  ]
+  # 9.0 s from the pace to the death for the 472 steps reported and 8 of the 16 then in flight, at 0.01 s each.
+  assert overhead.slowed_steps(records, step_s=0.01) == pytest.approx({0: 9.0 - (500 + 8 - 28) * 0.01})
