@@ -74,10 +74,8 @@ def time_step_alone(config, steps_per_dispatch: int, timed_steps: int) -> float:
   meshes = replicas.make_meshes(config.num_replicas)
   state = train.init_replicated_state(config, meshes)
   train_block = dispatch.make_train_block(config, meshes)
-  source, _ = input_pipeline.make_sources(config.data, config.seed)
   num_replicas = config.num_replicas  # All of them on this process's devices.
-  available = input_pipeline.num_steps(len(source), num_replicas, config.batch_size) // steps_per_dispatch
-  read = functools.partial(input_pipeline.read_block, source, num_replicas, config.batch_size)
+  read, available = _block_reader(config, steps_per_dispatch)
   blocks = [
     replicas.shard(read(i * steps_per_dispatch, steps_per_dispatch, steps_per_dispatch), meshes.local)
     for i in range(max(1, min(_DEVICE_BLOCKS, available)))
@@ -96,17 +94,22 @@ def time_step_alone(config, steps_per_dispatch: int, timed_steps: int) -> float:
   return num_blocks * steps_per_dispatch * num_replicas * config.batch_size / seconds
 
 
+def _block_reader(config, steps_per_dispatch: int, replicas_read: range | None = None):
+  """`read(first_step, num_steps, block_steps)` of the training stream's blocks of `replicas_read` (default: all of
+  `config.num_replicas`), as the loop reads them, and how many blocks of K steps the stream holds."""
+  source, _ = input_pipeline.make_sources(config.data, config.seed)
+  read = functools.partial(
+    input_pipeline.read_block, source, config.num_replicas, config.batch_size, replicas=replicas_read
+  )
+  return read, input_pipeline.num_steps(len(source), config.num_replicas, config.batch_size) // steps_per_dispatch
+
+
 def time_block_reading(config, steps_per_dispatch: int, timed_steps: int, replicas_read: range) -> float:
   """(d): examples/sec of reading the blocks of `replicas_read` (of all `config.num_replicas`) from the stream on this
   thread, as the loop's reader reads them (`input_pipeline.read_block`: generated or read, checked, laid out), about
   `timed_steps` steps of the stream from its start: what the input costs the cores it runs on."""
-  config = config_lib.resolve(config)
-  source, _ = input_pipeline.make_sources(config.data, config.seed)
   input_pipeline.pin_blas_threads()  # As the loop's readers run.
-  read = functools.partial(
-    input_pipeline.read_block, source, config.num_replicas, config.batch_size, replicas=replicas_read
-  )
-  available = input_pipeline.num_steps(len(source), config.num_replicas, config.batch_size) // steps_per_dispatch
+  read, available = _block_reader(config_lib.resolve(config), steps_per_dispatch, replicas_read)
   num_blocks = max(1, min(timed_steps // steps_per_dispatch, available))
   read(0, steps_per_dispatch, steps_per_dispatch)  # Warm: the source's caches, the allocator.
   started = time.perf_counter()
