@@ -200,7 +200,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.recovery.mtbf_steps = 1000.0
   config.recovery.failure_target = 'embedding_shard'  # Emulated: what a failure takes down, 'replica' or a shard.
   config.recovery.num_embedding_shards = 4  # S: shard s holds the s-th of S row ranges of every table.
-  config.recovery.target_pls = 0.01  # Partial modes: the expected portion of lost samples the interval allows.
+  # Partial modes: the expected portion of lost samples the checkpoint interval allows the failed part, and again
+  # the survivors (across processes a survivor stuck behind the dead one goes back to its newest checkpoint or copy).
+  config.recovery.target_pls = 0.01
   # Checkpoint interval in place of train.checkpoint_every_steps; 0 = chosen (full: Young's; partial: the PLS target).
   config.recovery.checkpoint_every_steps = 0
   # Cost of one save or restore in steps: negative = measured (the time the loop is blocked); > 0 = emulated (the
@@ -216,10 +218,10 @@ def base_config() -> ml_collections.ConfigDict:
   # beside training) are timed, then as often as keeps them within `priority_max_overhead` of the time.
   config.recovery.priority_every_steps = 0
   config.recovery.priority_max_overhead = 0.05
-  # Partial modes: the share of the time a survivor's host copies of its live state may cost (with incremental
-  # checkpoints a copy scans the row stamps: ~0.3 s of one core for a process's 16.9M Kaggle rows, here; a copy every
-  # ~0.5 s stepped a partial-recovery run 1.4x slower). Copies then come that much less often: a survivor stuck in a
-  # collective with the dead process writes the newest, which is older.
+  # Partial modes: the share of the time a survivor's host copies of its live state may cost, at most. Copies come
+  # only where the checkpoints are further apart than `target_pls` allows the survivors (none with two processes),
+  # and no more often than this allows (with incremental checkpoints a copy gathers the rows changed since the
+  # baseline: ~0.1 s of one core at Criteo Kaggle's size).
   config.recovery.live_max_overhead = 0.05
   config.recovery.ssu_sample_rate = 0.05  # cpr_ssu: the share of lookups counted.
   # Checkpoints that cost what changed (recovery/incremental.py; Check-N-Run, NSDI 2022): a full baseline, then

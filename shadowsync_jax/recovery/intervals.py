@@ -111,6 +111,24 @@ def partial_recovery_interval(target_pls: float, mtbf_steps: float, num_parts: i
   return good
 
 
+def survivor_copy_interval(target_pls: float, mtbf_steps: float, num_parts: int, total_steps: int) -> int | None:
+  """The longest interval (in steps) between copies of a survivor's state whose expected PLS stays at or under
+  `target_pls` (None: one part, no survivors).
+
+  In a job of processes a survivor whose collectives wait for a dead peer keeps only its newest copy of its state
+  (a checkpoint, or a live copy: `live_state`) and loses the steps since it, skipped when the job goes on: the
+  same loss as a failed part's, struck whenever any of the other N - 1 parts fails, at (N - 1) / (N mtbf) per
+  step, so `expected_pls` with that rate. Held to the same target as the checkpoint interval (the failed part's),
+  the survivors' own loss is at most `target_pls` more.
+  """
+  if num_parts < 2:
+    return None
+  try:
+    return partial_recovery_interval(target_pls, mtbf_steps / (num_parts - 1), num_parts, total_steps)
+  except ValueError:  # Unreachable even copying every step: as often as the copies' budget allows.
+    return 1
+
+
 def budget_interval_steps(cost_s: float, step_s: float, max_overhead: float, least_steps: int) -> int:
   """Steps between saves that cost `cost_s` each (in threads beside training) so that they take at most
   `max_overhead` of the time at `step_s` a step, and never fewer than `least_steps` (CPR-MFU/SSU's priority saves:

@@ -1,6 +1,8 @@
 """What a surviving process keeps when a peer dies: its train state as of its last step, saved before it exits.
 
   keeper = live_state.LiveKeeper(workdir / 'live' / f'process_{p}')
+  keeper.every_steps = 49             # copies no closer than this (`intervals.survivor_copy_interval`)
+  keeper.covered(step)                # a checkpoint of `step` was saved: a copy as good as any
   keeper.at_boundary(step, lambda: tree_L)   # every `every_s` at most: a device copy, to the host in the background
   keeper.save(step, tree_L)           # at a step boundary (the training thread): exactly this state
   keeper.save_latest()                # from any thread: the newest host copy (the devices may be stuck)
@@ -15,6 +17,14 @@ the device, dispatched between steps, so the donated state is not touched; then 
 own), and whichever thread ends the process writes the newest one. The file is written with numpy, not orbax, so
 that saving needs nothing of the devices or the coordinator: `DIRECTORY/<step>.npz` (a temporary file renamed
 when complete), the leaves by their tree paths.
+
+A copy is taken only where the survivor's newest copy of its state is `every_steps` old: a checkpoint counts (the
+restart plan restores whichever is newer, and a survivor that exits waits for the checkpoint being written), so
+where the checkpoint interval already holds the survivors' expected loss under `recovery.target_pls`
+(`intervals.survivor_copy_interval`: two processes), no copy is taken between checkpoints. (Copies at their cost
+budget alone, 0.05 of the time, cost a partial-recovery run at Criteo Kaggle's size 7-16 s of its ~180, more than
+the work full recovery trains again, to save survivors 0-32 steps a failure that the checkpoints' interval already
+allowed.)
 
 With incremental checkpoints (`use_differentials`) a copy is a differential over the checkpoints' baseline instead
 (`incremental.IncrementalCheckpointer.take`: the rows stamped since it, gathered on the device, and the dense
@@ -67,6 +77,8 @@ class LiveKeeper:
     self._latest: tuple[int, dict[str, np.ndarray]] | None = None  # (step, host leaves by path)
     self._lock = threading.Lock()
     self._copies: queue.Queue = queue.Queue(maxsize=1)
+    self.every_steps: int | None = None  # Steps between the newest copy (or checkpoint) and a new copy, at least.
+    self._newest_step = -1  # Of the newest copy of the state: a host copy taken, a checkpoint saved, the start.
     self._differentials: incremental.IncrementalCheckpointer | None = None
     self._take_s = 0.0  # What the newest take cost, its compile left out.
     self.spent_s = 0.0  # What the takes cost the training core, compiles included (not the block they waited for).
@@ -84,8 +96,16 @@ class LiveKeeper:
       self._every_s = _pace(sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree)))
     return self._every_s
 
+  def covered(self, step: int) -> None:
+    """The state of `step` is on disk or being written there (a checkpoint, the state this start restored): a copy
+    as good as a host copy, for the pace (`every_steps`)."""
+    self._newest_step = max(self._newest_step, step)
+
   def at_boundary(self, step: int, tree: Callable[[], PyTree]) -> None:
-    """At a block boundary: starts a host copy of `tree()` if the newest is `every_s` old (never waits for one)."""
+    """At a block boundary: starts a host copy of `tree()` if the newest copy is `every_s` and `every_steps` old
+    (never waits for one)."""
+    if self.every_steps is not None and step - self._newest_step < self.every_steps:
+      return
     now = time.monotonic()
     if now - self._last_copy < self._every_s or self._copies.full():
       return
@@ -94,8 +114,10 @@ class LiveKeeper:
       self._copies.put_nowait((step, _copy(tree())))
     else:
       taken = self._take(step, tree())
-      if taken is not None:  # (None: no complete baseline yet; the next boundary tries again.)
-        self._copies.put_nowait(taken)
+      if taken is None:  # No complete baseline yet; the next boundary tries again.
+        return
+      self._copies.put_nowait(taken)
+    self.covered(step)
 
   def _take(self, step: int, tree: PyTree) -> differentials.TakenDifferential | None:
     """A differential of `tree` taken now, after the block in flight (a stall, where the loop had not waited for it

@@ -1,6 +1,6 @@
 """A lost peer: what a process of a job saves when another one died, what it writes down, and its exit.
 
-  loss = peer_loss.PeerLoss(process, live, keeps_live, records)
+  loss = peer_loss.PeerLoss(process, live, keeps_live, records, finish_writing)
   loss.stop_if_lost(step, state_L, settled)     # at a block boundary: a peer lost, then save, write down, exit
   loss.stop(step, state_L, sync_state_L, why)   # the same, the loss known (a collective that failed)
   loss.stop_stuck(why)                          # from the watchdog, the training thread stuck in a collective
@@ -8,10 +8,13 @@
 When a peer is lost (`distributed.peer_lost`, or a collective that failed), a process under partial recovery first
 saves its live state (`live_state`: its train state and sync state of its last step, or of its newest host copy
 when its devices are stuck), then writes the loss into the job's history and exits with `exit_codes.PEER_LOST`;
-whoever runs the job (`supervisor`, or a cluster's restart loop) starts it again.
+whoever runs the job (`supervisor`, or a cluster's restart loop) starts it again. A survivor that could not save
+its last step's state first lets the checkpoint being written finish (`finish_writing`, at most `WRITE_WAIT_S`):
+its newest checkpoint may be newer than its newest host copy (`live_state`), and the restart restores the newer.
 """
 
 from collections.abc import Callable
+import threading
 import time
 from typing import Any
 
@@ -22,6 +25,7 @@ from shadowsync_jax.recovery import job_process
 from shadowsync_jax.recovery import training_state
 
 PyTree = Any
+WRITE_WAIT_S = 10.0  # How long a survivor that exits waits for the checkpoint being written, at most.
 
 
 class PeerLoss:
@@ -33,10 +37,13 @@ class PeerLoss:
     live: Any,
     keeps_live: Callable[[], bool],
     records: Callable[[], dict[str, float]],
+    finish_writing: Callable[[], None] = lambda: None,
   ):
     """`live`: the `live_state.LiveKeeper`, if any; `keeps_live()`: whether the mode in force saves it (the
-    partial modes, `cpr`); `records()`: this start's accounts, written down with the loss."""
+    partial modes, `cpr`); `records()`: this start's accounts, written down with the loss; `finish_writing()`:
+    returns once the checkpoints being written are on disk."""
     self._process, self._live, self._keeps_live, self._records = process, live, keeps_live, records
+    self._finish_writing = finish_writing
 
   def _saves_live(self) -> bool:
     return self._live is not None and self._keeps_live()
@@ -59,7 +66,7 @@ class PeerLoss:
         saved = self._live.save(step, training_state.training_tree(state_L, sync_state_L))
       except Exception as error:  # pylint: disable=broad-except  (a donated buffer: the newest host copy will do)
         print(f'Process {self._process.index} could not save its live state: {type(error).__name__}: {error}')
-        saved, step = self._live.save_latest(), min(step, distributed.my_step())
+        saved, step = self._newest_copy(), min(step, distributed.my_step())
     elif not _ended(state_L):
       step = min(step, distributed.my_step())
     self._write_down_and_exit(step, reason, saved)
@@ -69,13 +76,22 @@ class PeerLoss:
     that will not complete): saves the newest host copy of the live state, writes it down, exits PEER_LOST."""
     saved, waited_s, started = None, distributed.lost_for_s(), time.perf_counter()
     if self._saves_live():
-      saved = self._live.save_latest()
+      saved = self._newest_copy()
     self._write_down_and_exit(
       distributed.my_step(),
       reason + '; the training thread was stuck',
       saved,
       timing={'waited_s': waited_s, 'live_write_s': time.perf_counter() - started},
     )
+
+  def _newest_copy(self) -> int | None:
+    """The newest host copy written (its step; None: none), once the checkpoint being written is on disk or
+    `WRITE_WAIT_S` passed (a writer stuck on the devices or the dead peer is left behind)."""
+    writing = threading.Thread(target=self._finish_writing, name='finish-writing', daemon=True)
+    writing.start()
+    saved = self._live.save_latest()
+    writing.join(timeout=WRITE_WAIT_S)
+    return saved
 
   def _write_down_and_exit(self, step: int, reason: str, live_step: int | None, timing: dict | None = None) -> None:
     """`timing` (from the watchdog): how long after the loss it gave up on the loop, and the newest copy's write."""

@@ -112,7 +112,9 @@ class RealFailures(hooks.Hook):
         self._job.workdir / 'live' / self._job.writer, max_overhead=config.recovery.live_max_overhead
       )
     self._account = accounts.StartAccount(self._live)
-    self._loss = peer_loss.PeerLoss(self._job, self._live, lambda: self.mode in LIVE_MODES, self._account.records)
+    self._loss = peer_loss.PeerLoss(
+      self._job, self._live, lambda: self.mode in LIVE_MODES, self._account.records, self._finish_writing
+    )
     self._priority: priority_saves.PacedPrioritySaves | None = None  # CPR-MFU/SSU's, made in `resume`.
     self._saved: list[int] = []  # Steps of this generation's saves, in order.
     self._unconfirmed: int | None = None  # A checkpoint being written (`_save`).
@@ -157,6 +159,8 @@ class RealFailures(hooks.Hook):
   def start(self, step: int, state_L: Any, sync_state_R: PyTree) -> None:
     if self._live is not None:
       self._live.pace_for(training_state.training_tree(state_L, self._job.local(sync_state_R)))
+      self._live.every_steps = self._schedule.survivor_copy_interval()
+      self._live.covered(step)  # What it restored is on disk.
     # Only a live state is worth waiting for a boundary: otherwise a survivor stuck in a collective goes at once.
     keeps_live = self._live is not None and self.mode in LIVE_MODES
     distributed.handle_peer_loss(True, last_resort=self._loss.stop_stuck, boundary_matters=keeps_live)
@@ -222,9 +226,6 @@ class RealFailures(hooks.Hook):
     distributed.report(trained, 'train', checkpoint=self._saved[-2] if len(self._saved) > 1 else None)
     if self._priority is not None:
       self._priority.count(b.block.sparse[:, : b.steps])
-    if self._live is not None:
-      with self._account.elsewhere():  # Its takes: `live_s`.
-        self._live.at_boundary(step, lambda: training_state.training_tree(*settled()))
     if self._schedule.calibration_due(step, self._account.timing[1]):
       if self.requested_mode == 'none':  # Only the pace is needed: seconds between checkpoints as common steps.
         self._schedule.seconds_to_steps(self._account.mean_step_s(step))
@@ -236,6 +237,9 @@ class RealFailures(hooks.Hook):
     elif self._priority is not None and step % self._priority.interval() == 0:
       with self._account.elsewhere():
         self._priority.at_boundary(step, state_L)
+    if self._live is not None:  # After the saves: a checkpoint just saved is a copy (`LiveKeeper.covered`).
+      with self._account.elsewhere():  # Its takes: `live_s`.
+        self._live.at_boundary(step, lambda: training_state.training_tree(*settled()))
     if self._unconfirmed is not None and not self._checkpointer.saving():
       record = {'event': 'saved', 'generation': job.generation, 'process': job.index}
       history.append(job.workdir, job.writer, {**record, 'step': self._unconfirmed, 'complete': self._unconfirmed})
@@ -339,6 +343,8 @@ class RealFailures(hooks.Hook):
       jax.block_until_ready(self._checkpointer.restore(step, training_state.abstract_like(tree)))
       restore_s = time.perf_counter() - started
     self._saved.append(step)
+    if self._live is not None:
+      self._live.covered(step)
     self._saved_for(step, 'calibration', write_s + restore_s, complete=step)  # Written and read back: complete.
     once = compiled.seconds
     measured = {'step_s': mean_step_s, 'save_s': save_s - once, 'write_s': write_s - once, 'restore_s': restore_s}
@@ -366,6 +372,8 @@ class RealFailures(hooks.Hook):
     }
     self._saved_for(step, 'checkpoint', time.perf_counter() - started, complete=self._newest_complete(step), **written)
     self._saved.append(step)
+    if self._live is not None:
+      self._live.covered(step)
     self._unconfirmed = step  # Written down as complete once written (`at_boundary`).
     cost_s = time.perf_counter() - started - compiled.seconds  # A gather compiles once a start.
     self._schedule.saved(step, cost_s, self._account.mean_step_s, self._checkpointer.last_save.get('kind'))
@@ -374,6 +382,10 @@ class RealFailures(hooks.Hook):
     if self._keeps_cuts():  # Drop what no consistent cut can need any more (orbax keeps everything here).
       oldest_needed = min([self._saved[-2] if len(self._saved) > 1 else 0] + self._peer_checkpoints())
       self._checkpointer.delete_before(oldest_needed)
+
+  def _finish_writing(self) -> None:
+    if self._checkpointer is not None:
+      self._checkpointer.wait()
 
   def _keeps_cuts(self) -> bool:
     """Whether a restart may need a checkpoint older than this process's newest (a consistent cut of the job: full

@@ -99,6 +99,14 @@ class JobSchedule(Schedule):
       return None
     return self._partial_interval()
 
+  def survivor_copy_interval(self) -> int | None:
+    """Steps a survivor's newest copy of its state may be old (`intervals.survivor_copy_interval`; None: one
+    process)."""
+    recovery = self._process.config.recovery
+    return intervals.survivor_copy_interval(
+      recovery.target_pls, recovery.mtbf_steps, self._process.count, self._process.total_steps
+    )
+
   def _partial_interval(self) -> int:
     recovery = self._process.config.recovery
     try:
@@ -207,11 +215,17 @@ class JobSchedule(Schedule):
       history.append(self._process.workdir, 'process_0', {**record, 'step': step, 'saves': len(self.save_costs)})
 
   def estimated_pls(self) -> float | None:
-    """The expected portion of lost samples at this interval (partial modes), the parts being the processes."""
+    """The expected portion of lost samples at this interval (partial modes), the parts being the processes: the
+    failed part's since its checkpoint, and the survivors' since their newest copy (a checkpoint, or a live copy
+    where `survivor_copy_interval` is shorter)."""
     if self.mode not in modes.PARTIAL_MODES or not self.interval:
       return None
-    recovery = self._process.config.recovery
-    return intervals.expected_pls(self.interval, recovery.mtbf_steps, self._process.count, self._process.total_steps)
+    recovery, count, total_steps = self._process.config.recovery, self._process.count, self._process.total_steps
+    failed = intervals.expected_pls(self.interval, recovery.mtbf_steps, count, total_steps)
+    if count < 2:
+      return failed
+    copies = min(self.interval, self.survivor_copy_interval())
+    return failed + intervals.expected_pls(copies, recovery.mtbf_steps / (count - 1), count, total_steps)
 
 
 class EmulatedSchedule(Schedule):

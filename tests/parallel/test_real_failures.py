@@ -230,7 +230,8 @@ def test_cpr_mfu_on_sharded_tables_restores_only_the_dead_process_shards_and_nob
     '--config.recovery.incremental=true',
     '--config.recovery.rebaseline_fraction=1000',
     f'--config.recovery.priority_every_steps={EVERY // 4}',  # Every one saved (0: paced by their cost).
-    '--config.recovery.live_max_overhead=1',  # Live copies as often as their cost allows.
+    '--config.recovery.live_max_overhead=1',  # Live copies as often as their cost allows,
+    '--config.recovery.target_pls=0.001',  # and their PLS needs: every 3 steps (at 0.01 the checkpoints would do).
     # Then process 1, two steps after the job came back: two deaths close together.
     launcher_flags=('--max_restarts=2', '--kill_at=0@40,1@44'),
   )

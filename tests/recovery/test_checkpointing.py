@@ -62,6 +62,20 @@ def test_a_live_state_is_saved_exactly_or_from_its_newest_host_copy(tmp_path):
     keeper.restore(9, {'train': {**abstract['train'], 'w': jax.ShapeDtypeStruct((4, 5), w.dtype, sharding=w.sharding)}})
 
 
+def test_a_live_copy_is_taken_only_where_the_newest_copy_or_checkpoint_is_every_steps_old(tmp_path):
+  meshes = replicas.make_meshes(4)
+  keeper = live_state.LiveKeeper(tmp_path, every_s=0.0)
+  keeper.every_steps = 10
+  keeper.covered(20)  # The state it started from (or a checkpoint) is on disk.
+  copies = []
+  keeper._copies.put_nowait = copies.append  # pylint: disable=protected-access  (what it would copy, not copied)
+  for step in (25, 29, 30, 33, 39, 40, 41, 50):
+    if step == 33:
+      keeper.covered(33)  # A checkpoint saved at 33: the next copy is due at 43.
+    keeper.at_boundary(step, lambda: _tree(meshes, 0.0))
+  assert [step for step, _ in copies] == [30, 50]
+
+
 def test_a_large_state_is_saved_blocking_by_blocks_of_rows_and_comes_back_exactly(tmp_path, monkeypatch):
   """Above the async limit a save holds the loop until written, its large leaves a block of rows at a time (blocks
   of 1,000 rows here, not dividing the 4,099 of a table), and a restore and a partial restore bring them back."""

@@ -55,8 +55,9 @@ def test_full_recovery_overhead_matches_a_simulation():
   assert abs(runs.mean() - expected) < 4 * runs.std() / math.sqrt(len(runs)), (runs.mean(), expected)
 
 
-def _monte_carlo_pls(interval, mtbf, num_parts, total, trials, seed):
-  """PLS of independent simulated runs, in plain numpy: Poisson failures, uniform parts, unique lost steps."""
+def _monte_carlo_pls(interval, mtbf, num_parts, total, trials, seed, survivors=False):
+  """PLS of independent simulated runs, in plain numpy: Poisson failures, uniform parts, unique lost steps; the
+  failed parts' (each back to its copy before the failure), or with `survivors` the other parts' at each failure."""
   rng = np.random.default_rng(seed)
   times_TxF = np.cumsum(rng.exponential(mtbf, (trials, 4 * int(total / mtbf) + 64)), axis=1)
   assert np.all(times_TxF[:, -1] > total)  # drew enough failures for every trial
@@ -65,7 +66,11 @@ def _monte_carlo_pls(interval, mtbf, num_parts, total, trials, seed):
   step_F = np.ceil(times_TxF[trial_F, fail_F]).astype(int)
   interval_F = (step_F - 1) // interval  # checkpoints at 0, k, 2k, ...; one saved at s comes after s's failure
   last_TxPxI = np.zeros((trials, num_parts, total // interval + 1), np.int64)
-  np.maximum.at(last_TxPxI, (trial_F, parts_TxF[trial_F, fail_F], interval_F), step_F - interval_F * interval)
+  failed_F = parts_TxF[trial_F, fail_F]
+  for part in range(num_parts):
+    losing_F = failed_F != part if survivors else failed_F == part
+    where = (trial_F[losing_F], np.full(losing_F.sum(), part), interval_F[losing_F])
+    np.maximum.at(last_TxPxI, where, step_F[losing_F] - interval_F[losing_F] * interval)
   return last_TxPxI.sum(axis=(1, 2)) / (num_parts * total)
 
 
@@ -121,6 +126,23 @@ def test_partial_recovery_interval_is_the_longest_under_the_target():
   assert pls_K[0] > 0.003  # a checkpoint every step loses 1 - e^-(1 / (N mtbf)) = 0.0031
   with pytest.raises(ValueError, match='unreachable'):
     ci.partial_recovery_interval(0.003, mtbf, num_parts, total)
+
+
+def test_survivors_lose_the_steps_since_their_copies_whenever_another_part_fails():
+  """A survivor stuck behind a dead peer goes back to its newest copy: `expected_pls` at the rate the other parts
+  fail, so the copies' interval that holds it under a target is `partial_recovery_interval` at that rate."""
+  interval, mtbf, num_parts, total = 20, 50.0, 3, 400
+  runs = _monte_carlo_pls(interval, mtbf, num_parts, total, trials=4_000, seed=1, survivors=True)
+  expected = ci.expected_pls(interval, mtbf / (num_parts - 1), num_parts, total)
+  assert abs(runs.mean() - expected) < 4 * runs.std() / math.sqrt(len(runs)), (runs.mean(), expected)
+  for target in (0.02, 0.05, 0.2):
+    longest = ci.survivor_copy_interval(target, mtbf, num_parts, total)
+    assert ci.expected_pls(longest, mtbf / 2, num_parts, total) <= target
+    assert ci.expected_pls(longest + 1, mtbf / 2, num_parts, total) > target, target
+  # Two parts: the survivor loses at the rate the other fails, as often as the failed part: the checkpoints' interval.
+  assert ci.survivor_copy_interval(0.01, mtbf, 2, total) == ci.partial_recovery_interval(0.01, mtbf, 2, total)
+  assert ci.survivor_copy_interval(0.01, mtbf, 1, total) is None  # No survivors.
+  assert ci.survivor_copy_interval(1e-6, mtbf, num_parts, total) == 1  # Unreachable: as often as allowed.
 
 
 def test_saves_beside_training_come_as_often_as_their_budget_allows_and_no_more_often_than_asked():
