@@ -342,9 +342,7 @@ class RealFailures(hooks.Hook):
       started = time.perf_counter()
       jax.block_until_ready(self._checkpointer.restore(step, training_state.abstract_like(tree)))
       restore_s = time.perf_counter() - started
-    self._saved.append(step)
-    if self._live is not None:
-      self._live.covered(step)
+    self._checkpointed(step)
     self._saved_for(step, 'calibration', write_s + restore_s, complete=step)  # Written and read back: complete.
     once = compiled.seconds
     measured = {'step_s': mean_step_s, 'save_s': save_s - once, 'write_s': write_s - once, 'restore_s': restore_s}
@@ -371,9 +369,7 @@ class RealFailures(hooks.Hook):
       'rows_held': int(state_L.row_steps.size),
     }
     self._saved_for(step, 'checkpoint', time.perf_counter() - started, complete=self._newest_complete(step), **written)
-    self._saved.append(step)
-    if self._live is not None:
-      self._live.covered(step)
+    self._checkpointed(step)
     self._unconfirmed = step  # Written down as complete once written (`at_boundary`).
     cost_s = time.perf_counter() - started - compiled.seconds  # A gather compiles once a start.
     self._schedule.saved(step, cost_s, self._account.mean_step_s, self._checkpointer.last_save.get('kind'))
@@ -382,6 +378,13 @@ class RealFailures(hooks.Hook):
     if self._keeps_cuts():  # Drop what no consistent cut can need any more (orbax keeps everything here).
       oldest_needed = min([self._saved[-2] if len(self._saved) > 1 else 0] + self._peer_checkpoints())
       self._checkpointer.delete_before(oldest_needed)
+
+  def _checkpointed(self, step: int) -> None:
+    """A checkpoint of `step` was saved (written in the background, maybe): one of this generation's, and a copy as
+    good as a live one (`LiveKeeper.covered`)."""
+    self._saved.append(step)
+    if self._live is not None:
+      self._live.covered(step)
 
   def _finish_writing(self) -> None:
     if self._checkpointer is not None:
