@@ -20,6 +20,7 @@ import time
 
 _STARTED_AT = time.time()  # Before the imports: this interpreter's start, whatever a wrapping shell did before it.
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -58,7 +59,7 @@ flags.DEFINE_string(
   'compilation_cache_dir',
   None,
   'JAX persistent compilation cache, so that a restarted job does not compile again (default: '
-  '$JAX_COMPILATION_CACHE_DIR if set, else WORKDIR/compilation_cache; empty: none).',
+  '$JAX_COMPILATION_CACHE_DIR if set, else WORKDIR/compilation_cache; empty: none, and no WORKDIR/programs either).',
 )
 flags.DEFINE_bool(
   'standby',
@@ -84,6 +85,7 @@ def main(argv):
   from shadowsync_jax import train  # pylint: disable=g-import-not-at-top  (after the device count is set)
   from shadowsync_jax.parallel import compilation_cache  # pylint: disable=g-import-not-at-top
   from shadowsync_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+  from shadowsync_jax.parallel import program_store  # pylint: disable=g-import-not-at-top
   from shadowsync_jax.parallel.exit_codes import UNRECOVERABLE  # pylint: disable=g-import-not-at-top
   from shadowsync_jax.recovery import real as real_failures  # pylint: disable=g-import-not-at-top
 
@@ -102,8 +104,14 @@ def main(argv):
       FLAGS.peer_timeout_s,
       start_service=FLAGS.start_coordinator,
     )
+  # Beside the cache, its compiled programs themselves: a restart of this workdir neither traces nor lowers them.
+  programs = contextlib.nullcontext()
+  if cache_dir:
+    identity = {'config': FLAGS.config.to_json_best_effort(sort_keys=True)}
+    programs = program_store.active(f'{FLAGS.workdir}/programs', identity)
   try:
-    summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir, started_at=_STARTED_AT)
+    with programs:
+      summary = train.train_and_evaluate(FLAGS.config, FLAGS.workdir, started_at=_STARTED_AT)
   except BaseException as error:  # pylint: disable=broad-except
     if FLAGS.num_processes == 1 and type(error) is real_failures.UnrecoverableError:
       print(f'{cli.ERROR_PREFIX}{error}', file=sys.stderr)  # A checkpoint gone or of another run: one line.

@@ -57,6 +57,7 @@ from shadowsync_jax.model import table_placement
 from shadowsync_jax.parallel import distributed
 from shadowsync_jax.parallel import memory
 from shadowsync_jax.parallel import network
+from shadowsync_jax.parallel import program_store
 from shadowsync_jax.parallel import replicas
 from shadowsync_jax.parallel import straggler
 from shadowsync_jax.recovery import policies as recovery_policies
@@ -104,13 +105,13 @@ def _state_builder(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMe
 
   spec = P(replicas.REPLICA_AXIS)
   built = jax.shard_map(one_device, mesh=meshes.local, in_specs=P(), out_specs=spec, check_vma=False)
-  return jax.jit(built, out_shardings=replicas.replica_sharding(meshes.local))
+  return program_store.stored('initial_state', jax.jit(built, out_shardings=replicas.replica_sharding(meshes.local)))
 
 
-def check_memory(config: ml_collections.ConfigDict, meshes: replicas.ReplicaMeshes) -> int:
-  """This process's train state in bytes; raises ConfigError, before anything is allocated, if the job's processes
-  cannot hold theirs (`memory.shortfall`), naming what to change."""
-  needed = memory.state_bytes(abstract_state(config, meshes))
+def check_memory(config: ml_collections.ConfigDict, abstract_state_L: step_lib.TrainState) -> int:
+  """This process's train state (`abstract_state_L`: its shapes) in bytes; raises ConfigError, before anything is
+  allocated, if the job's processes cannot hold theirs (`memory.shortfall`), naming what to change."""
+  needed = memory.state_bytes(abstract_state_L)
   everyone = distributed.exchange('memory', {'host': socket.gethostname(), 'state_bytes': needed})
   problem = memory.shortfall([p['state_bytes'] for p in everyone], [p['host'] for p in everyone], jax.process_index())
   if problem is None:
@@ -165,7 +166,11 @@ def train_and_evaluate(
   stop_step = min(config.train.stop_at_step or total_steps, total_steps)
 
   meshes = replicas.make_meshes(num_replicas)
-  state_bytes = check_memory(config, meshes)
+  # One program builds the state: traced once for its shapes, the memory check and the build (a restart's ~0.1 s),
+  # and kept compiled in the job's program store (`program_store`).
+  build_state, key = _state_builder(config, meshes), lambda: jax.random.key(config.seed)
+  abstract_state_L = program_store.output_shapes(build_state, key())
+  state_bytes = check_memory(config, abstract_state_L)
   # A restart of a job under 'auto' dispatches the K its first start chose: no probe, its warm-up one block.
   steps_per_dispatch = recovery_policies.steps_per_dispatch(config, workdir)
   warmup_steps = block_plan.steps_until_chosen(steps_per_dispatch)
@@ -174,11 +179,9 @@ def train_and_evaluate(
   warmup_blocks = block_plan.blocks_until_chosen(steps_per_dispatch)
   recovery = recovery_policies.make(config, meshes, workdir, total_steps, warmup_steps, warmup_blocks)  # Owns saves.
 
-  def fresh_state():  # Built only where nothing is restored: a restore never builds the tables first.
-    state = init_replicated_state(config, meshes)
-    return state, driver.initial_sync_state(state)
-
-  state, sync_state, start_step = recovery.resume(training_state.FreshState(fresh_state, meshes))
+  # Built only where nothing is restored: a restore never builds the tables first.
+  fresh = training_state.FreshState(lambda: build_state(key()), driver.initial_sync_state, abstract_state_L, meshes)
+  state, sync_state, start_step = recovery.resume(fresh)
   train_source, eval_source = input_pipeline.make_sources(config.data, config.seed)
   delay = straggler.from_config(config.straggler, process_index, first_step=start_step)
   blocks = dispatch.BlockDispatcher(
@@ -257,6 +260,7 @@ def train_and_evaluate(
     'examples_per_sec': sum(examples_per_sec_per_process) if timed_seconds > 0 else None,
     'examples_per_sec_per_process': examples_per_sec_per_process,
     'startup_s': startup_s,  # Process 0's, from its start to its first step done (None: no step was run).
+    'programs_loaded': program_store.loaded(),  # Compiled programs this start found in its workdir (`program_store`).
     **blocks.plan.stats(),  # steps_per_dispatch (K), and what 'auto' measured to choose it
     'net_bytes_sent': net_bytes_sent,  # Per process; null on 127.0.0.1 (parallel/network.py).
     'net_bytes_received': net_bytes_received,

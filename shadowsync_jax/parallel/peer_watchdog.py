@@ -25,7 +25,7 @@ from shadowsync_jax.parallel import exit_codes
 HEARTBEAT_S = 1.0
 # How long the watchdog waits for a training loop to reach a step boundary (to save and exit by itself): this many
 # of its recent step times, within these bounds.
-_STEP_BOUNDARY_GRACE_STEPS, _STEP_BOUNDARY_GRACE_S = 20, (0.5, 10.0)
+_STEP_BOUNDARY_GRACE_STEPS, _STEP_BOUNDARY_GRACE_S = 20, (0.25, 10.0)
 PREFIX = 'shadowsync'  # Of every key this process sets in the runtime's key-value store.
 # Phases in which a process's step may stand still for long (compiling, restoring, evaluating, waiting at the end).
 _STILL_PHASES = ('setup', 'finish')
@@ -46,6 +46,7 @@ class PeerWatchdog:
     self._peers = [p for p in range(num_processes) if p != process_id]
     self._coordinator_address = coordinator_address
     self._stop = threading.Event()
+    self._woken = threading.Event()  # Set by a loss (or the stop): the watchdog's wait ends at once.
     self._thread = threading.Thread(target=self._run, name='peer-watchdog', daemon=True)
     self.step, self.phase, self.checkpoint = 0, 'setup', None  # Written by the training thread (`distributed.report`).
     self._step_s, self._reported_at = None, None  # A training step's recent duration, and when the last one ended.
@@ -111,6 +112,9 @@ class PeerWatchdog:
   def lose(self, reason: str) -> None:
     if self.lost_reason is None:
       self.lost_reason, self._lost_at = reason, time.monotonic()
+      # Its grace counts from now: a loss told between heartbeats (SIGTERM) once waited out the rest of one, up to
+      # 1 s more of every restart whose survivor was stuck.
+      self._woken.set()
 
   def report_failure(self, message: str) -> None:
     try:
@@ -118,6 +122,7 @@ class PeerWatchdog:
     except Exception:  # pylint: disable=broad-except  (the coordinator may be gone too; the heartbeat stops anyway)
       pass
     self._stop.set()
+    self._woken.set()
 
   def wait_for_a_lost_peer(self) -> None:
     """Returns after `timeout_s` plus two heartbeats unless the watchdog found a lost peer (and exited) by then."""
@@ -126,6 +131,7 @@ class PeerWatchdog:
   def finish(self) -> None:
     self._client.key_value_set(f'{PREFIX}/done/{self.process_id}', '1', allow_overwrite=True)
     self._stop.set()
+    self._woken.set()
     self._thread.join()
 
   def _run(self) -> None:
@@ -146,7 +152,8 @@ class PeerWatchdog:
         )
       self._last_round = time.monotonic()
       self._end_if_due()
-      self._stop.wait(HEARTBEAT_S if self.lost_reason is None else 0.1)
+      self._woken.wait(HEARTBEAT_S if self.lost_reason is None else 0.1)
+      self._woken.clear()
 
   def _end_if_due(self) -> None:
     """Once a peer is lost: now, unless the training loop handles it; then after its grace."""

@@ -40,6 +40,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
+from shadowsync_jax.parallel import program_store
+
 REPLICA_AXIS = 'replica'
 
 PyTree = Any
@@ -216,11 +218,14 @@ def make_replicated_block(
 
   spec = P(REPLICA_AXIS)
   arity = 3 if between is None else 4
-  program = lambda full: jax.jit(
-    jax.shard_map(
-      functools.partial(per_device, full=full), mesh=mesh, in_specs=(spec,) * arity, out_specs=(spec,) * (arity - 1)
+  program = lambda full: program_store.stored(
+    'block_all_steps' if full else 'block',
+    jax.jit(
+      jax.shard_map(
+        functools.partial(per_device, full=full), mesh=mesh, in_specs=(spec,) * arity, out_specs=(spec,) * (arity - 1)
+      ),
+      donate_argnums=(0, 3) if between is not None and between.donate_carry else 0,
     ),
-    donate_argnums=(0, 3) if between is not None and between.donate_carry else 0,
   )
   return BlockProgram(program(False), program(True))
 
@@ -243,7 +248,7 @@ class BlockProgram(NamedTuple):
 
   def compile_all_steps(self, state: PyTree, *args: PyTree) -> None:
     """Compiles the all-K program for these arguments' shapes now, ahead of its first block (nothing runs)."""
-    self.all_steps.lower(*self._arguments(state, *args)).compile()
+    program_store.compile(self.all_steps, *self._arguments(state, *args))
 
   def _arguments(self, state, *args) -> tuple:
     if self.job_meshes is None:

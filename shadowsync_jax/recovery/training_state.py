@@ -30,21 +30,33 @@ class FreshState:
   into arrays of the abstract shapes, never over tables built first (at Criteo Kaggle's size, 2.2 GB of random rows
   made and dropped at every restart).
 
-    fresh = FreshState(build, meshes)     # build() -> (state_L, sync_state_R), this process's replicas [L, ...]
+    fresh = FreshState(build, initial_sync_state, abstract_state_L, meshes)
     fresh.abstract()                      # the training tree's shapes, dtypes and shardings: what a restore reads
-    state_L, sync_state_R = fresh()       # built now
+    state_L, sync_state_R = fresh()       # built now: build(), initial_sync_state(state_L)
   """
 
-  def __init__(self, build: Callable[[], tuple[PyTree, PyTree]], meshes: replicas.ReplicaMeshes):
-    self._build, self._meshes = build, meshes
+  def __init__(
+    self,
+    build: Callable[[], PyTree],
+    initial_sync_state: Callable[[PyTree], PyTree],
+    abstract_state_L: PyTree,
+    meshes: replicas.ReplicaMeshes,
+  ):
+    """`build()`: this process's train state [L, ...], whose shapes `abstract_state_L` gives (known without
+    tracing it again: `program_store.output_shapes`); `initial_sync_state(state_L)`: the sync state [R, ...] over
+    it."""
+    self._build, self._initial_sync_state, self._abstract_state_L = build, initial_sync_state, abstract_state_L
+    self._meshes = meshes
 
   def __call__(self) -> tuple[PyTree, PyTree]:
-    return self._build()
+    state_L = self._build()
+    return state_L, self._initial_sync_state(state_L)
 
   def abstract(self) -> PyTree:
     """`abstract_like(training_tree(state_L, this process's sync state))` of the state `build` would make, without
     making it: every leaf [L, ...] on this process's replicas (the sync state's [R, ...] cut to [L, ...])."""
-    state_L, sync_state_R = jax.eval_shape(self._build)
+    state_L = self._abstract_state_L
+    sync_state_R = jax.eval_shape(self._initial_sync_state, state_L)
     sharding, num_local = replicas.replica_sharding(self._meshes.local), self._meshes.local.shape[replicas.REPLICA_AXIS]
     placed = lambda x: jax.ShapeDtypeStruct((num_local, *x.shape[1:]), x.dtype, sharding=sharding)
     return jax.tree.map(placed, training_tree(state_L, sync_state_R))

@@ -87,6 +87,10 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
   # 'auto' in one of the two: the first start probes, its restarts dispatch the K it chose (and end bit for bit
   # with the failure-free run's K of 16: blocks change no result).
   auto = ['--config.train.steps_per_dispatch=auto'] if saves == 'differentials' else []
+  # There too a compilation cache of its own: the first start compiles its programs and keeps them
+  # (`program_store`; the suite's cache would have them already, and an executable it loads is not kept), and the
+  # restarts load them, neither traced nor lowered again.
+  own_cache = [f'--compilation_cache_dir={tmp_path / "cache"}'] if saves == 'differentials' else []
   code, output = _launch(
     tmp_path,
     *_SHARDED_FR_MA,
@@ -94,6 +98,7 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
     '--config.recovery.incremental=true',
     *fraction,
     *auto,
+    *own_cache,
     # Both at a checkpoint step: the kills land in the middle of its save's write (a differential held unfinished,
     # a baseline's write asking for the kill: `during_save`), so that save is never restored and the steps since the
     # one before are trained again.
@@ -155,6 +160,8 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
   else:  # Every save a baseline (the newest start's: its saves at 80 or 96 and 112, and the final one).
     assert summary['checkpoint_baselines'] == summary['checkpoint_saves'], summary
   assert summary['incremental'] == [True, True] and failure_free['incremental'] == [False, False]
+  if own_cache:  # Process 0's last start: the state builder (a restore over the initial state) and its block.
+    assert sorted(summary['programs_loaded']) == ['block', 'initial_state'], summary
 
 
 @pytest.mark.slow  # Three starts of a 2-process job.
