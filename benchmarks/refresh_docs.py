@@ -19,7 +19,7 @@ def main(argv):
   changed = report.refresh_docs() + headlines.refresh()
   if reproduce.refresh_readme():
     changed.append(reproduce.README)
-  print('\n'.join(f'refreshed {page}' for page in sorted(set(changed))) or 'every page is current')
+  print('\n'.join(f'refreshed {page}' for page in sorted(set(map(str, changed)))) or 'every page is current')
 
 
 if __name__ == '__main__':

@@ -71,7 +71,7 @@ class StoredProgram:
 
   def __init__(self, name: str, jitted: Callable[..., Any]):
     self.name, self.jitted = name, jitted
-    self._executables: dict[tuple, Any] = {}  # By (store, signature): this process's loaded or compiled ones.
+    self._executables: dict[tuple, Any] = {}  # By store and signature: this process's loaded or compiled ones.
     functools.update_wrapper(self, jitted)
 
   def __call__(self, *args: Any) -> Any:
@@ -88,7 +88,7 @@ class StoredProgram:
     signature = None if store is None else _signature(args)
     if signature is None:
       return None
-    key = (id(store), signature)
+    key = (store.directory, store.digest, signature)  # (A store's id may be another's once it is gone.)
     if key not in self._executables:
       self._executables[key] = _load_or_compile(store, self.name, self.jitted, args, signature)
     return self._executables[key]

@@ -10,7 +10,6 @@ import pytest
 
 from shadowsync_jax.parallel import program_store
 
-
 _SHARDING = jax.sharding.NamedSharding(jax.make_mesh((jax.device_count(),), ('i',)), jax.sharding.PartitionSpec())
 
 
