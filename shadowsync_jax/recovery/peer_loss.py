@@ -4,6 +4,7 @@
   loss.stop_if_lost(step, state_L, settled)     # at a block boundary: a peer lost, then save, write down, exit
   loss.stop(step, state_L, sync_state_L, why)   # the same, the loss known (a collective that failed)
   loss.stop_stuck(why)                          # from the watchdog, the training thread stuck in a collective
+  loss.trained(step, state_L, sync_state_L)     # after the last block: what `stop_stuck` saves from then on
 
 When a peer is lost (`distributed.peer_lost`, or a collective that failed), a process under partial recovery first
 saves its live state (`live_state`: its train state and sync state of its last step, or of its newest host copy
@@ -11,12 +12,18 @@ when its devices are stuck), then writes the loss into the job's history and exi
 whoever runs the job (`supervisor`, or a cluster's restart loop) starts it again. A survivor that could not save
 its last step's state first lets the checkpoint being written finish (`finish_writing`, at most `WRITE_WAIT_S`):
 its newest checkpoint may be newer than its newest host copy (`live_state`), and the restart restores the newer.
+A survivor that trained its whole stream and waits for its peers at the end (the shadow rounds it serves until
+every process is done) saves the state its last block ended with (`trained`): its training thread never reaches
+another boundary, and the checkpoints' interval may hold no copy of it (seen: a survivor at its stream's end exited
+with nothing saved, and its restart went back to its checkpoint).
 """
 
 from collections.abc import Callable
 import threading
 import time
 from typing import Any
+
+import jax
 
 from shadowsync_jax.parallel import distributed
 from shadowsync_jax.parallel import history
@@ -44,6 +51,7 @@ class PeerLoss:
     returns once the checkpoints being written are on disk."""
     self._process, self._live, self._keeps_live, self._records = process, live, keeps_live, records
     self._finish_writing = finish_writing
+    self._trained: tuple[int, Any] | None = None  # (step, training tree) after the last block (`trained`).
 
   def _saves_live(self) -> bool:
     return self._live is not None and self._keeps_live()
@@ -71,18 +79,43 @@ class PeerLoss:
       step = min(step, distributed.my_step())
     self._write_down_and_exit(step, reason, saved)
 
+  def trained(self, step: int, state_L: Any, sync_state_L: PyTree) -> None:
+    """After the last block (ready: its arrays are read from the watchdog's thread): the pair `stop_stuck` saves
+    from now on (where the mode saves live states). `forget()` once the final save is under way."""
+    if self._saves_live():
+      tree = training_state.training_tree(state_L, sync_state_L)
+      jax.block_until_ready(tree)
+      self._trained = (step, tree)
+
+  def forget(self) -> None:
+    self._trained = None
+
   def stop_stuck(self, reason: str) -> None:
     """From the watchdog, when the training thread never reached a step boundary (its devices wait on a collective
-    that will not complete): saves the newest host copy of the live state, writes it down, exits PEER_LOST."""
+    that will not complete, or it waits at the end for its peers): saves the state of its last block where it had
+    trained its stream (`trained`), otherwise the newest host copy of the live state; writes it down, exits
+    PEER_LOST."""
     saved, waited_s, started = None, distributed.lost_for_s(), time.perf_counter()
     if self._saves_live():
-      saved = self._newest_copy()
+      saved = self._trained_state()
+      if saved is None:
+        saved = self._newest_copy()
     self._write_down_and_exit(
       distributed.my_step(),
       reason + '; the training thread was stuck',
       saved,
       timing={'waited_s': waited_s, 'live_write_s': time.perf_counter() - started},
     )
+
+  def _trained_state(self) -> int | None:
+    """Saves the state after the last block, if known and still there (its step; None: not saved)."""
+    if (trained := self._trained) is None:
+      return None
+    try:
+      return self._live.save(*trained)
+    except Exception as error:  # pylint: disable=broad-except  (donated to the rounds at the end: a copy will do)
+      print(f'Process {self._process.index} could not save the state of its last step: {type(error).__name__}: {error}')
+      return None
 
   def _newest_copy(self) -> int | None:
     """The newest host copy written (its step; None: none), once the checkpoint being written is on disk or

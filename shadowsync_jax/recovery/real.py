@@ -255,6 +255,7 @@ class RealFailures(hooks.Hook):
     """After the last block: the time its steps were done (before the job's processes wait for each other)."""
     jax.block_until_ready(b.state.step)
     self._trained_at = time.time()
+    self._loss.trained(b.step, *self._settled(b.state, b.driver))  # Saved if a peer dies while this one waits.
 
   def on_error(self, error: BaseException, step: int, state_L: Any, driver: Any) -> None:
     """An exception in the loop: if it is a collective that lost its partner, save what survives and exit (never
@@ -270,6 +271,7 @@ class RealFailures(hooks.Hook):
       paces = [r['step_s'] for r in history.read(job.workdir) if r.get('event') == 'save' and r.get('step_s')]
       self._step_s = paces[-1] if paces else None
     distributed.handle_peer_loss(False)  # The loop reported 'finish' before the rounds ended.
+    self._loss.forget()
     self._checkpointer.save(step, training_state.training_tree(state_L, job.local(sync_state_R)))
     self.close()
     record = {'event': 'ended', 'generation': job.generation, 'process': job.index, 'step': step}

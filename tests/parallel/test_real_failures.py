@@ -225,6 +225,33 @@ def test_partial_recovery_keeps_the_survivors_state_and_loses_only_the_dead_proc
 
 
 @pytest.mark.slow  # Two starts of a 2-process job.
+def test_a_survivor_that_trained_its_whole_stream_saves_its_last_step_when_its_peer_dies(tmp_path):
+  """Process 1 is a straggler (5 times slower from its third block on) and dies at 112: process 0 has trained all
+  its steps and waits for it at the end (serving it shadow rounds), so its training thread never reaches another
+  boundary; it saves the state of its last step, not nothing (CI once: such a survivor went back to its checkpoint),
+  and restarts from it."""
+  code, output = _launch(
+    tmp_path,
+    '--config.sync.algorithm=shadow_ma',
+    '--config.sync.min_interval_s=0.05',
+    '--config.recovery.mode=partial',
+    '--config.straggler.process=1',
+    '--config.straggler.slowdown=5',
+    '--config.straggler.warmup_steps=0',
+    '--config.straggler.calibration_steps=1',
+    launcher_flags=('--max_restarts=1', '--kill_at=1@112'),
+  )
+  assert code == 0, output[-4000:]
+  (lost,) = [r for r in history.read(tmp_path) if r.get('event') == 'peer_lost']
+  assert (lost['process'], lost['step'], lost['live_step']) == (0, STEPS, STEPS), lost
+  starts = _starts(tmp_path, 1)
+  assert (starts[0]['restored'], starts[0]['restored_step'], starts[0]['position']) == ('live', STEPS, STEPS), starts
+  assert starts[1]['position'] == 112 and starts[1]['restored'] == 'checkpoint', starts
+  summary = json.loads((tmp_path / 'summary.json').read_text())
+  assert summary['num_failures'] == 1 and summary['train_steps'] == STEPS, summary['recovery']
+
+
+@pytest.mark.slow  # Two starts of a 2-process job.
 def test_cpr_mfu_on_sharded_tables_restores_only_the_dead_process_shards_and_nobody_rewinds(tmp_path):
   """Process 0 (the one that writes summary.json) holds half of every table's rows and dies: it restores its own
   shards from its checkpoint and, newer, its shards' most used rows from its priority save; process 1 keeps its
