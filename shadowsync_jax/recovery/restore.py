@@ -100,6 +100,20 @@ def write_rows_per_replica(live: PyTree, rows_LxK: jax.Array, values: PyTree) ->
   return jax.tree.map(one, live, values)
 
 
+@jax.jit
+def rows_that_differ(live: PyTree, rows_LxK: jax.Array, values: PyTree) -> jax.Array:
+  """[L, K]: whether replica (or shard) l's row `rows_LxK[l, k]` holds other bits in `live` than in `values` (in any
+  leaf): the rows a write of `values` (`write_rows_per_replica`) changes."""
+
+  def one(x, v):
+    held = jax.vmap(lambda x_1, rows_K: x_1[rows_K])(x, rows_LxK)
+    bits = jnp.dtype(f'uint{8 * x.dtype.itemsize}')
+    differ = jax.lax.bitcast_convert_type(held, bits) != jax.lax.bitcast_convert_type(v.astype(x.dtype), bits)
+    return differ.reshape(*rows_LxK.shape, -1).any(axis=-1)
+
+  return jax.tree.reduce(jnp.logical_or, jax.tree.map(one, live, values))
+
+
 def placed_like(tree: PyTree, like: PyTree) -> PyTree:
   """`tree` with the shardings of `like`, so the jitted train step sees what it was compiled for."""
   return jax.tree.map(lambda x, y: jax.device_put(x, y.sharding), tree, like)

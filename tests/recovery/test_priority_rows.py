@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from shadowsync_jax.model import embedding
+from shadowsync_jax.model import step
 from shadowsync_jax.model import table_placement
 from shadowsync_jax.recovery import priority_rows
+from shadowsync_jax.recovery import priority_saves
 from shadowsync_jax.recovery import restore
 
 CARDINALITIES = [10] * 26  # V = 260; priority_fraction 0.1 -> 26 rows a save.
@@ -188,3 +190,34 @@ def test_with_a_budget_no_save_waits_for_a_ranking(tmp_path, monkeypatch):
   saver.wait()
   assert ranked_in and threading.main_thread().name not in ranked_in, ranked_in
   saver.close()
+
+
+def test_a_restart_stamps_only_the_priority_rows_it_changes(tmp_path):
+  """A process that died takes back its newest priority save's rows over the checkpoint it restored, and stamps the
+  rows those change, so that its next differential holds them; the rows the save holds as restored (padding to K,
+  or unused since the checkpoint) keep the checkpoint's stamps (stamped all, they swelled every later differential
+  of the process)."""
+  table_LxVxD = jnp.arange(2 * 10 * 3, dtype=jnp.float32).reshape(2, 10, 3)
+  accumulator_LxV = jnp.ones((2, 10), jnp.float32)
+  row_steps_LxV = jnp.asarray(np.tile([0, 5, 0, 0, 7, 0, 0, 0, 0, 0], (2, 1)), jnp.int32)
+  state_L = step.TrainState(
+    params={'mlp': {}, 'embedding': table_LxVxD},
+    mlp_opt_state=(),
+    embedding_opt_state=embedding.RowwiseAdagradState(accumulator_LxV, jnp.zeros((2, 10), jnp.float32)),
+    step=jnp.zeros(2, jnp.int32),
+    row_steps=row_steps_LxV,
+  )
+  rows_K = np.array([1, 4, 6])
+  table = np.asarray(table_LxVxD)[:, rows_K].copy()
+  accumulator = np.asarray(accumulator_LxV)[:, rows_K].copy()
+  table[:, 0, 2] += 1.0  # Row 1 trained since the checkpoint; row 4 as restored;
+  accumulator[1, 2] = 2.0  # row 6 only its accumulator, and only in replica 1.
+  np.savez(tmp_path / '30.npz', rows=rows_K, table=table, accumulator=accumulator)
+  restored_L, priority_step = priority_saves.newer_rows(tmp_path, state_L, checkpoint_step=20, position=35)
+  assert priority_step == 30
+  np.testing.assert_array_equal(np.asarray(restored_L.params['embedding'])[:, rows_K], table)
+  np.testing.assert_array_equal(np.asarray(restored_L.embedding_opt_state.accumulator_V)[:, rows_K], accumulator)
+  expected = np.asarray(row_steps_LxV).copy()
+  expected[:, 1] = 35
+  expected[1, 6] = 35
+  np.testing.assert_array_equal(np.asarray(restored_L.row_steps), expected)
