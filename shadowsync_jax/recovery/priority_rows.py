@@ -64,6 +64,10 @@ from shadowsync_jax.recovery import row_usage
 
 PyTree = Any
 _BATCHES_PER_HAND_OVER = 16
+# Ids counted at a time: `np.add.at` holds the GIL throughout, so between pieces the counter lets the training
+# thread have it (16 batches at once held it ~14 ms at Criteo Kaggle's size, each time the loop had just handed them
+# over: its boundary work right then took 21 ms instead of 7.5 in a test on one core, 15 in pieces of 1/16).
+_IDS_AT_A_TIME = 1 << 16
 
 
 def fixed_size_top_rows(counts_V: np.ndarray, num_rows: int) -> np.ndarray:
@@ -284,10 +288,14 @@ class PrioritySaver:
     if self._shards is not None:
       row_ids = self._shards.local_index(row_ids)
       row_ids = row_ids[row_ids >= 0]
-    if self._sample_rate is None:
-      row_usage.count_lookups(self.counts_V, row_ids)
-    else:
-      row_usage.count_sampled_lookups(self.counts_V, row_ids, self._sample_rate, self._rng)
+    row_ids = row_ids.reshape(-1)
+    for start in range(0, row_ids.size, _IDS_AT_A_TIME):
+      piece = row_ids[start : start + _IDS_AT_A_TIME]
+      if self._sample_rate is None:
+        row_usage.count_lookups(self.counts_V, piece)
+      else:
+        row_usage.count_sampled_lookups(self.counts_V, piece, self._sample_rate, self._rng)
+      time.sleep(0)  # The GIL to a thread that waits for it.
 
   def _write(self, request: tuple[int, np.ndarray, dict[str, jax.Array]]) -> None:
     step, rows_K, values = request
