@@ -4,7 +4,7 @@
   loss.stop_if_lost(step, state_L, settled)     # at a block boundary: a peer lost, then save, write down, exit
   loss.stop(step, state_L, sync_state_L, why)   # the same, the loss known (a collective that failed)
   loss.stop_stuck(why)                          # from the watchdog, the training thread stuck in a collective
-  loss.trained(step, state_L, sync_state_L)     # after the last block: what `stop_stuck` saves from then on
+  loss.trained(step, settled)                   # after the last block: what `stop_stuck` saves from then on
 
 When a peer is lost (`distributed.peer_lost`, or a collective that failed), a process under partial recovery first
 saves its live state (`live_state`: its train state and sync state of its last step, or of its newest host copy
@@ -79,11 +79,11 @@ class PeerLoss:
       step = min(step, distributed.my_step())
     self._write_down_and_exit(step, reason, saved)
 
-  def trained(self, step: int, state_L: Any, sync_state_L: PyTree) -> None:
-    """After the last block (ready: its arrays are read from the watchdog's thread): the pair `stop_stuck` saves
-    from now on (where the mode saves live states). `forget()` once the final save is under way."""
+  def trained(self, step: int, settled: Callable[[], tuple[Any, PyTree]]) -> None:
+    """After the last block: `settled()`'s pair, made ready (the watchdog's thread reads it), is what `stop_stuck`
+    saves from now on, where the mode saves live states. `forget()` once the final save is under way."""
     if self._saves_live():
-      tree = training_state.training_tree(state_L, sync_state_L)
+      tree = training_state.training_tree(*settled())
       jax.block_until_ready(tree)
       self._trained = (step, tree)
 

@@ -255,7 +255,7 @@ class RealFailures(hooks.Hook):
     """After the last block: the time its steps were done (before the job's processes wait for each other)."""
     jax.block_until_ready(b.state.step)
     self._trained_at = time.time()
-    self._loss.trained(b.step, *self._settled(b.state, b.driver))  # Saved if a peer dies while this one waits.
+    self._loss.trained(b.step, lambda: self._settled(b.state, b.driver))  # Saved if a peer dies while it waits.
 
   def on_error(self, error: BaseException, step: int, state_L: Any, driver: Any) -> None:
     """An exception in the loop: if it is a collective that lost its partner, save what survives and exit (never

@@ -60,7 +60,7 @@ def test_a_survivor_waiting_at_its_streams_end_saves_the_state_of_its_last_step(
   live = _Live(None, fails=donated)
   loss = _loss(live, lambda: None)
   state, sync_state = {'w': jnp.ones(3)}, {'center': jnp.zeros(3)}
-  loss.trained(128, state, sync_state)
+  loss.trained(128, lambda: (state, sync_state))
   loss.stop_stuck('told to stop (SIGTERM)')
   ((step, reason, saved),) = [args[:3] for args in exits]
   assert reason.endswith('the training thread was stuck')
