@@ -307,13 +307,12 @@ def test_blocks_of_any_size_train_the_same_model(tmp_path, overrides):
 @pytest.mark.parametrize(
   'overrides',
   [
-    {'sync__algorithm': 'none'},
     {'sync__algorithm': 'sync_sgd'},
-    {'sync__algorithm': 'fr_bmuf', 'sync__every_k_steps': 6},
+    {'sync__algorithm': 'fr_bmuf', 'sync__every_k_steps': 6},  # `none`'s program, and a round at boundaries.
     {'sync__algorithm': 'shadow_ea'},
     {'sync__algorithm': 'shadow_bmuf'},
   ],
-  ids=['none', 'sync_sgd', 'fr_bmuf', 'shadow_ea', 'shadow_bmuf'],
+  ids=['sync_sgd', 'fr_bmuf', 'shadow_ea', 'shadow_bmuf'],
 )
 def test_full_blocks_of_the_all_steps_program_train_the_same_bits_whatever_k(tmp_path, monkeypatch, overrides):
   """The default program (`train.all_steps_program`: full blocks run a loop of static length) at K = 4 and 8, every

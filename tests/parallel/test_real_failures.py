@@ -73,35 +73,31 @@ def failure_free(tmp_path_factory):
 
 
 @pytest.mark.slow  # Three starts of a 2-process job.
-@pytest.mark.parametrize('saves', ['differentials', 'baselines'])
-def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failure_free_model(
-  tmp_path, failure_free, saves
-):
+def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failure_free_model(tmp_path, failure_free):
   """The tables sharded over both processes, so each death loses real shards and leaves the survivor stuck in a
   lookup's collective until the launcher stops it: both restart from the newest checkpoint both have, each
   restoring its own shards, and end with the model of the run that never failed (which saved whole checkpoints).
   Checkpoints here are incremental: differentials of the initial state, never written (kept from adding up to a new
   baseline: the tiny tables' rows nearly all change between two saves), each restore the initial state built again
-  and one differential over it; or, at the default `rebaseline_fraction`, a written baseline every save (so)."""
-  fraction = ['--config.recovery.rebaseline_fraction=1000'] if saves == 'differentials' else []
-  # 'auto' in one of the two: the first start probes, its restarts dispatch the K it chose (and end bit for bit
-  # with the failure-free run's K of 16: blocks change no result).
-  auto = ['--config.train.steps_per_dispatch=auto'] if saves == 'differentials' else []
-  # There too a compilation cache of its own: the first start compiles its programs and keeps them
-  # (`program_store`; the suite's cache would have them already, and an executable it loads is not kept), and the
-  # restarts load them, neither traced nor lowered again.
-  own_cache = [f'--compilation_cache_dir={tmp_path / "cache"}'] if saves == 'differentials' else []
+  and one differential over it. (A kill in a baseline's write, and its restore: tests/recovery/test_recovery.py, in
+  one process.)"""
+  # 'auto': the first start probes, its restarts dispatch the K it chose (and end bit for bit with the failure-free
+  # run's K of 16: blocks change no result).
+  auto = ['--config.train.steps_per_dispatch=auto']
+  # A compilation cache of its own: the first start compiles its programs and keeps them (`program_store`; the
+  # suite's cache would have them already, and an executable it loads is not kept), and the restarts load them,
+  # neither traced nor lowered again.
+  own_cache = [f'--compilation_cache_dir={tmp_path / "cache"}']
   code, output = _launch(
     tmp_path,
     *_SHARDED_FR_MA,
     '--config.recovery.mode=full',
     '--config.recovery.incremental=true',
-    *fraction,
+    '--config.recovery.rebaseline_fraction=1000',
     *auto,
     *own_cache,
-    # Both at a checkpoint step: the kills land in the middle of its save's write (a differential held unfinished,
-    # a baseline's write asking for the kill: `during_save`), so that save is never restored and the steps since the
-    # one before are trained again.
+    # Both at a checkpoint step: the kills land in the middle of its save's write (a differential held unfinished),
+    # so that save is never restored and the steps since the one before are trained again.
     launcher_flags=('--max_restarts=2', '--kill_at=1@48,0@96'),
   )
   assert code == 0, output[-4000:]
@@ -147,21 +143,15 @@ def test_full_recovery_from_killing_process_1_then_process_0_ends_with_the_failu
   paced = {(r['generation'], r['process']) for r in records if r.get('event') == 'paced'}
   assert paced == {(g, p) for g in range(3) for p in range(2)}
   chosen = [(r['generation'], r['steps_per_dispatch']) for r in records if r.get('event') == 'steps_per_dispatch']
-  if auto:  # Chosen once, by the first start's probe; no restart probed again.
-    assert chosen == [(0, summary['steps_per_dispatch'])], chosen
-  else:
-    assert chosen == [], chosen
+  assert chosen == [(0, summary['steps_per_dispatch'])], chosen  # By the first start's probe; no restart again.
   # Nothing lost, nothing trained twice: bit for bit the model of the run that never failed.
   assert summary['consensus_fingerprint_per_process'] == failure_free['consensus_fingerprint_per_process']
   assert summary['eval_ne'] == failure_free['eval_ne'] and summary['train_steps'] == STEPS
   assert all(n > 0 for n in summary['checkpoint_saves']), summary
-  if saves == 'differentials':
-    assert summary['checkpoint_baselines'] == [0, 0], summary
-  else:  # Every save a baseline (the newest start's: its saves at 80 or 96 and 112, and the final one).
-    assert summary['checkpoint_baselines'] == summary['checkpoint_saves'], summary
+  assert summary['checkpoint_baselines'] == [0, 0], summary
   assert summary['incremental'] == [True, True] and failure_free['incremental'] == [False, False]
-  if own_cache:  # Process 0's last start: the state builder (a restore over the initial state) and its block.
-    assert sorted(summary['programs_loaded']) == ['block', 'initial_state'], summary
+  # Process 0's last start: the state builder (a restore over the initial state) and its block.
+  assert sorted(summary['programs_loaded']) == ['block', 'initial_state'], summary
 
 
 @pytest.mark.slow  # Three starts of a 2-process job.

@@ -40,9 +40,12 @@ def test_shadow_algorithms_in_one_process_and_sharded_get_the_scheduled_driver(p
   assert driver.consensus_rule().groups == groups  # sync.what='all': a sharded table is not R copies.
 
 
-@pytest.mark.parametrize('algorithm', ['shadow_ma', 'shadow_ea', 'shadow_bmuf'])
-@pytest.mark.parametrize('placement', ['sharded', 'replicated'])
+@pytest.mark.parametrize(
+  'algorithm, placement', [('shadow_ma', 'sharded'), ('shadow_ea', 'replicated'), ('shadow_bmuf', 'sharded')]
+)
 def test_scheduled_rounds_train_and_land_at_once(tmp_path, algorithm, placement):
+  """Each algorithm once, each placement at least once: the rounds are the algorithm's, where they land the
+  scheduler's (the fused rounds' math, whatever the blocks: the test below)."""
   summary = train.train_and_evaluate(_config(algorithm, placement), tmp_path)
   assert summary['sync_rounds'] >= 3 and summary['sync_gap_steps'] >= 1, summary
   assert summary['mean_sync_gap'] >= 1 and summary['max_sync_gap'] <= 64
