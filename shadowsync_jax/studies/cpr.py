@@ -22,6 +22,7 @@ from typing import Any
 import ml_collections
 
 from shadowsync_jax import train
+from shadowsync_jax.studies import jobs
 from shadowsync_jax.studies import result_files
 from shadowsync_jax.studies import spread
 
@@ -44,15 +45,16 @@ def run(
   modes: tuple[str, ...] = MODES,
   seeds: tuple[int, ...] | None = None,
 ) -> list[dict]:
-  """Trains `base` once per seed (default: its own) and mode in `root/seed_<seed>/<mode>`; returns the summaries,
-  each with its 'label' and 'seed'."""
+  """Trains `base` once per seed (default: its own) and mode in `root/seed_<seed>/<mode>`, each emptied first (a
+  study measures whole runs: one run again in a used root resumed its finished checkpoint and trained nothing);
+  returns the summaries, each with its 'label' and 'seed'."""
   rows = []
   for seed in seeds if seeds is not None else (base.seed,):
     for mode in modes:
       print(f'--- seed={seed} recovery.mode={mode}', flush=True)
       config = config_for(base, mode)
       config.seed = seed
-      summary = train.train_and_evaluate(config, pathlib.Path(root) / f'seed_{seed}' / mode)
+      summary = train.train_and_evaluate(config, jobs.fresh(pathlib.Path(root) / f'seed_{seed}' / mode))
       label = {'none': 'no failures', 'cpr': f'cpr (as {summary.get("recovered_as")})'}.get(mode, mode)
       rows.append({**summary, 'label': label, 'seed': seed})
   return rows

@@ -100,3 +100,21 @@ def test_a_bound_every_run_must_keep_is_met_only_when_every_run_keeps_it():
   noise' for a spread that holds both."""
   assert result_files.runs_verdict([0.0, 0.05, 0.1], 0.1) == 'met by every run'
   assert result_files.runs_verdict([0.0, 2.7, 0.05], 0.1) == 'not met by 1 of 3 runs'
+
+
+def test_a_study_run_again_in_the_same_root_trains_every_run_again(tmp_path):
+  """Its recorded command is what `benchmarks.reproduce` reruns, `--workdir` included: in a used root each run
+  resumed its finished checkpoint, trained nothing, and the table divided by a failure-free time of zero."""
+  from experiments.configs import default  # pylint: disable=import-outside-toplevel
+
+  base = default.get_config('tiny')
+  base.data.num_train_examples, base.data.num_eval_examples = 4096, 1024
+  base.train.progress_every_s = 1e6
+  base.recovery.mtbf_steps = 16.0
+  first = cpr.run(base, tmp_path, modes=('none', 'full'))
+  again = cpr.run(base, tmp_path, modes=('none', 'full'))
+  assert [r['train_steps'] for r in again] == [r['train_steps'] for r in first] == [32, 32]
+  assert [r['resumed_from_step'] for r in again] == [0, 0]
+  assert again[1]['recovery']['failure_free_s'] > 0
+  assert again[1]['eval_ne'] == first[1]['eval_ne']  # The same run, from the start.
+  assert 'no failures' in cpr.table(again)
