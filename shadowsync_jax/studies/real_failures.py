@@ -213,10 +213,11 @@ def vs_full(
   row: dict[str, Any], rows: list[dict[str, Any]], full_mode: str = 'full', wall: bool = False
 ) -> float | None:
   """A run's checkpoint-related overhead (`wall`: its wall overhead) over that of `full_mode` ('full': incremental
-  checkpoints; 'full:whole') on the same kill seed (None: no such run)."""
+  checkpoints; 'full:whole') on the same kill seed (None: no such run, or its overhead is not above zero: a full
+  run that met no failure can end no slower than the reference, -0.3% once, and a ratio over it read -8.7)."""
   full = next((r for r in rows if r['mode'] == full_mode and r['kill_seed'] == row['kill_seed']), None)
   figure = (lambda r: r['overhead_pct']) if wall else (lambda r: share(r, 'checkpoint'))
-  if full is None or not figure(full) or figure(row) is None:
+  if full is None or figure(full) is None or figure(full) <= 0 or figure(row) is None:
     return None
   return figure(row) / figure(full)
 

@@ -60,3 +60,14 @@ def test_what_no_part_explains_is_the_wall_overhead_less_every_counted_part():
   assert real_failures.unexplained_s(row, reference) == pytest.approx(10.0 - 6.0 - 3.0 - 0.5 + 1.0)
   assert real_failures.unexplained_share(row, reference) == pytest.approx(0.15)
   assert real_failures.unexplained_s({'job_wall_s': 110.0, 'overhead_s': {}}, reference) is None
+
+
+def test_a_ratio_to_full_recovery_reads_only_against_a_full_run_that_cost_something():
+  """A full run that met no failure can end no slower than the reference (-0.3% once): a mode's ratio over it read
+  -8.7 and pulled the mean over the seeds below zero. Such a seed has no ratio; the others keep theirs."""
+  rows = [
+    {'mode': mode, 'kill_seed': seed, 'overhead_pct': wall, 'checkpoint_overhead_pct': 10.0}
+    for mode, seed, wall in [('full', 0, 20.0), ('partial', 0, 10.0), ('full', 1, -0.3), ('partial', 1, 2.6)]
+  ]
+  assert [real_failures.vs_full(r, rows, wall=True) for r in rows[1::2]] == [0.5, None]
+  assert real_failures.vs_full(rows[3], rows) == 1.0  # Its checkpoint-related overhead, above zero, still reads.
